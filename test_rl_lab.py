@@ -1,0 +1,705 @@
+"""Tests of the lab: every atom against a hand-computed case and a slow reference, invariants,
+bad input, and a fixed-seed "does it learn" check for every driver.
+
+    python -m unittest -v test_rl_lab.py
+    python -m unittest -v test_rl_lab.GAE        # one group of tests
+"""
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+import rl_lab
+from rl_lab import (
+    DTYPE,
+    categorical_kl,
+    cispo_policy_loss,
+    clipped_policy_loss,
+    completion_mask,
+    dpo_loss,
+    gae,
+    group_advantages,
+    group_relative_advantages,
+    grpo_policy_loss,
+    reduce_token_loss,
+    response_logps,
+    response_token_logps,
+    token_kl_penalty,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def t(values, **kwargs):
+    return torch.tensor(values, dtype=DTYPE, **kwargs)
+
+
+def run_main(main, argv):
+    """Run a driver's main(argv) in-process; return (exit_code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+_TRAIN_CACHE = {}
+
+
+def cached_train(algorithm, **kwargs):
+    """train() is deterministic, so runs shared by several tests are computed once."""
+    key = (algorithm, tuple(sorted(kwargs.items())))
+    if key not in _TRAIN_CACHE:
+        _TRAIN_CACHE[key] = rl_lab.train(algorithm, **kwargs)
+    return _TRAIN_CACHE[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Atoms
+# ---------------------------------------------------------------------------------------------
+
+
+class ClippedPolicyLoss(unittest.TestCase):
+    def test_four_clipping_cases_values_and_gradients(self):
+        logp = t([1.5, 0.5, 1.5, 0.5]).log().requires_grad_()
+        advantages = t([1.0, -1.0, -1.0, 1.0])
+        loss = clipped_policy_loss(logp, torch.zeros_like(logp), advantages, epsilon=0.2)
+        # -min(rA, clip(r)A): 1.5*1 -> clip 1.2; 0.5*-1 -> clip 0.8*-1; the unfavourable two keep r
+        torch.testing.assert_close(loss, t([-1.2, 0.8, 1.5, -0.5]), rtol=0, atol=1e-12)
+        loss.sum().backward()
+        # d(-rA)/dlogp = -rA where unclipped, 0 where the clip binds
+        torch.testing.assert_close(logp.grad, t([0.0, 0.0, 1.5, -0.5]), rtol=0, atol=1e-12)
+
+    def test_loss_equals_minus_advantage_at_ratio_one(self):
+        logp = t([-0.3, -1.2, -2.0])
+        advantages = t([0.7, -1.3, 2.5])
+        torch.testing.assert_close(clipped_policy_loss(logp, logp.clone(), advantages), -advantages, rtol=0, atol=0)
+
+    def test_matches_python_loop_reference(self):
+        generator = torch.Generator().manual_seed(3)
+        logp = torch.randn(50, generator=generator, dtype=DTYPE) * 0.5
+        old_logp = torch.randn(50, generator=generator, dtype=DTYPE) * 0.5
+        advantages = torch.randn(50, generator=generator, dtype=DTYPE)
+        loss = clipped_policy_loss(logp, old_logp, advantages, epsilon=0.1)
+        for i in range(50):
+            ratio = math.exp(logp[i].item() - old_logp[i].item())
+            a = advantages[i].item()
+            expected = -min(ratio * a, min(max(ratio, 0.9), 1.1) * a)
+            self.assertAlmostEqual(loss[i].item(), expected, places=12)
+
+    def test_old_logp_and_advantages_receive_no_gradient(self):
+        logp = t([-1.0, -2.0], requires_grad=True)
+        old_logp = t([-1.1, -1.9], requires_grad=True)
+        advantages = t([1.0, -1.0], requires_grad=True)
+        clipped_policy_loss(logp, old_logp, advantages).sum().backward()
+        self.assertIsNone(old_logp.grad)
+        self.assertIsNone(advantages.grad)
+        self.assertIsNotNone(logp.grad)
+
+
+class DPOLoss(unittest.TestCase):
+    def test_ln2_at_reference_with_nonzero_gradient(self):
+        chosen = t([-2.0], requires_grad=True)
+        rejected = t([-2.0], requires_grad=True)
+        reference = t([-2.0])
+        loss = dpo_loss(chosen, rejected, reference, reference, beta=0.5).mean()
+        loss.backward()
+        self.assertAlmostEqual(loss.item(), math.log(2.0), places=15)
+        # d/dchosen -logsigmoid(beta*m) = -beta*sigmoid(-beta*m) = -0.5*0.5
+        self.assertAlmostEqual(chosen.grad.item(), -0.25, places=15)
+        self.assertAlmostEqual(rejected.grad.item(), 0.25, places=15)
+
+    def test_hand_value_with_reference_margin(self):
+        # margin = (-1 - -4) - (-2 - -3) = 2; beta 0.5 -> -logsigmoid(1) = log(1 + e^-1)
+        loss = dpo_loss(t([-1.0]), t([-4.0]), t([-2.0]), t([-3.0]), beta=0.5)
+        self.assertAlmostEqual(loss.item(), math.log1p(math.exp(-1.0)), places=15)
+
+    def test_swapped_preference_probabilities_sum_to_one(self):
+        chosen, rejected = t([-0.3, -4.0, -1.0]), t([-2.0, -0.5, -1.0])
+        ref_chosen, ref_rejected = t([-1.0, -1.5, -0.2]), t([-1.2, -2.5, -3.0])
+        forward = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.7)
+        backward = dpo_loss(rejected, chosen, ref_rejected, ref_chosen, beta=0.7)
+        torch.testing.assert_close((-forward).exp() + (-backward).exp(), torch.ones(3, dtype=DTYPE), rtol=0, atol=1e-15)
+
+    def test_large_margins_stay_finite(self):
+        # log(sigmoid(-1000)) would be log(0) = -inf; logsigmoid gives the exact 1000*beta
+        loss = dpo_loss(t([-2000.0]), t([0.0]), t([0.0]), t([0.0]), beta=0.5)
+        self.assertEqual(loss.item(), 1000.0)
+        self.assertEqual(dpo_loss(t([2000.0]), t([0.0]), t([0.0]), t([0.0])).item(), 0.0)
+
+
+class GroupAdvantages(unittest.TestCase):
+    def test_hand_case_and_equal_group(self):
+        advantages = group_advantages(t([[0.0, 0.0, 1.0, 1.0], [5.0, 5.0, 5.0, 5.0]]))
+        # mean 0.5, population std 0.5 -> +-0.5/(0.5 + 1e-8)
+        expected = 0.5 / (0.5 + 1e-8)
+        torch.testing.assert_close(advantages[0], t([-expected, -expected, expected, expected]), rtol=0, atol=1e-15)
+        self.assertEqual(advantages[1].tolist(), [0.0, 0.0, 0.0, 0.0])
+
+    def test_equal_rewards_give_exact_zeros_even_when_the_mean_is_inexact(self):
+        # 0.1 + 0.1 + 0.1 = 0.30000000000000004 in floating point: the mean is not exactly 0.1
+        rewards = t([[0.1, 0.1, 0.1], [0.2] * 3, [-0.7] * 3])
+        self.assertEqual(group_advantages(rewards).tolist(), [[0.0] * 3] * 3)
+        self.assertEqual(group_relative_advantages(t([0.1] * 6), 3).tolist(), [0.0] * 6)
+
+    def test_population_std_matches_python_loop(self):
+        rewards = t([[1.0, 0.2, -0.5, 1.0], [3.0, -1.0, 0.0, 2.0]])
+        advantages = group_advantages(rewards, epsilon=1e-8)
+        for b, row in enumerate(rewards.tolist()):
+            mean = sum(row) / len(row)
+            population_std = math.sqrt(sum((r - mean) ** 2 for r in row) / len(row))
+            for g, r in enumerate(row):
+                self.assertAlmostEqual(advantages[b, g].item(), (r - mean) / (population_std + 1e-8), places=12)
+
+    def test_flat_form_is_prompt_major_with_its_own_eps(self):
+        flat = t([0.0, 1.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0])  # prompt 0: [0,1,0,1]; prompt 1: [2,2,2,5]
+        advantages = group_relative_advantages(flat, 4)
+        grouped = group_advantages(flat.reshape(2, 4), epsilon=1e-4).reshape(-1)
+        torch.testing.assert_close(advantages, grouped, rtol=0, atol=0)
+        self.assertAlmostEqual(advantages[1].item(), 0.5 / (0.5 + 1e-4), places=15)
+        std = math.sqrt((3 * 0.75**2 + 2.25**2) / 4)  # prompt 1: mean 2.75
+        self.assertAlmostEqual(advantages[7].item(), 2.25 / (std + 1e-4), places=12)
+
+    def test_detached_and_rejects_bad_layouts(self):
+        rewards = t([[0.0, 1.0]], requires_grad=True)
+        self.assertFalse(group_advantages(rewards).requires_grad)
+        with self.assertRaisesRegex(ValueError, "rewards"):
+            group_relative_advantages(t([0.0, 1.0, 2.0]), 2)
+        with self.assertRaisesRegex(ValueError, "rewards"):
+            group_advantages(t([[1.0], [2.0]]))
+        with self.assertRaisesRegex(ValueError, "num_generations"):
+            group_relative_advantages(t([0.0, 1.0]), 2.0)
+
+
+class KL(unittest.TestCase):
+    def test_categorical_kl_matches_brute_force_sum(self):
+        logits = t([[0.3, -1.0, 2.0], [0.0, 0.0, 0.0]])
+        reference = t([[1.0, 0.5, -0.5], [0.0, 1.0, 0.0]])
+        kl = categorical_kl(logits, reference)
+        for row in range(2):
+            p = [math.exp(v) for v in logits[row].tolist()]
+            q = [math.exp(v) for v in reference[row].tolist()]
+            p = [v / sum(p) for v in p]
+            q = [v / sum(q) for v in q]
+            expected = sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
+            self.assertAlmostEqual(kl[row].item(), expected, places=14)
+
+    def test_categorical_kl_gradient_flows_to_logits_only(self):
+        logits = t([[0.3, -1.0, 2.0]], requires_grad=True)
+        reference = t([[1.0, 0.5, -0.5]], requires_grad=True)
+        categorical_kl(logits, reference).sum().backward()
+        self.assertIsNone(reference.grad)
+        self.assertGreater(logits.grad.abs().sum().item(), 0.1)
+        self.assertEqual(categorical_kl(reference.detach(), reference.detach()).item(), 0.0)
+
+    def test_k3_expectation_under_policy_equals_exact_kl(self):
+        logits, reference = t([[1.0, 0.0, -1.0]]), t([[0.2, 0.4, -0.3]])
+        policy_logp, ref_logp = F.log_softmax(logits, -1), F.log_softmax(reference, -1)
+        k3 = token_kl_penalty(policy_logp, ref_logp)
+        expected_k3 = (policy_logp.exp() * k3).sum().item()
+        self.assertAlmostEqual(expected_k3, categorical_kl(logits, reference).item(), places=15)
+
+    def test_k3_hand_value_nonnegative_and_detached_reference(self):
+        policy = t([-1.0, -2.0, -0.5], requires_grad=True)
+        ref = t([-2.0, -2.0, -0.1], requires_grad=True)
+        k3 = token_kl_penalty(policy, ref)
+        expected = [math.exp(d) - d - 1 for d in (-1.0, 0.0, 0.4)]
+        for value, want in zip(k3.tolist(), expected):
+            self.assertAlmostEqual(value, want, places=15)
+        self.assertEqual(k3[1].item(), 0.0)
+        self.assertTrue(bool((k3 >= 0).all()))
+        k3.sum().backward()
+        self.assertIsNone(ref.grad)
+
+
+FIXTURE_IDS = torch.tensor([[0, 1, 2, 4, 4], [0, 1, 3, 3, 4]])
+FIXTURE_MASK = torch.tensor([[False, False, True, True, False], [False, False, True, True, True]])
+
+
+class ResponseLogps(unittest.TestCase):
+    def test_causal_shift_matches_python_loop(self):
+        logits = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+        token_logps, valid = response_token_logps(logits, FIXTURE_IDS, FIXTURE_MASK)
+        self.assertEqual(valid.tolist(), [[False, True, True, False], [False, True, True, True]])
+        for b in range(2):
+            total = 0.0
+            for position in range(1, 5):  # the token at `position` is scored by logits row position-1
+                if FIXTURE_MASK[b, position]:
+                    row = logits[b, position - 1].tolist()
+                    log_z = math.log(sum(math.exp(v) for v in row))
+                    want = row[FIXTURE_IDS[b, position].item()] - log_z
+                    self.assertAlmostEqual(token_logps[b, position - 1].item(), want, places=12)
+                    total += want
+                else:
+                    self.assertEqual(token_logps[b, position - 1].item(), 0.0)
+            self.assertAlmostEqual(response_logps(logits, FIXTURE_IDS, FIXTURE_MASK)[b].item(), total, places=12)
+
+    def test_uniform_logits_give_minus_ln5_per_scored_token(self):
+        sums = response_logps(torch.zeros(2, 5, 5, dtype=DTYPE), FIXTURE_IDS, FIXTURE_MASK)
+        torch.testing.assert_close(sums, t([-2 * math.log(5), -3 * math.log(5)]), rtol=0, atol=1e-12)
+        self.assertAlmostEqual(sums[0].item(), -3.218876, places=6)
+        self.assertAlmostEqual(sums[1].item(), -4.828314, places=6)
+
+    def test_padding_never_changes_a_response_logp(self):
+        logits = torch.randn(2, 5, 5, generator=torch.Generator().manual_seed(2), dtype=DTYPE, requires_grad=True)
+        base = response_logps(logits, FIXTURE_IDS, FIXTURE_MASK)
+        pad_ids = torch.cat([FIXTURE_IDS, torch.full((2, 3), 4)], dim=1)
+        pad_mask = torch.cat([FIXTURE_MASK, torch.zeros(2, 3, dtype=torch.bool)], dim=1)
+        pad_logits = torch.cat([logits, torch.randn(2, 3, 5, dtype=DTYPE) * 50], dim=1)
+        padded = response_logps(pad_logits, pad_ids, pad_mask)
+        self.assertEqual(padded.tolist(), base.tolist())
+
+    def test_masked_positions_receive_no_gradient(self):
+        logits = torch.zeros(2, 5, 5, dtype=DTYPE, requires_grad=True)
+        response_logps(logits, FIXTURE_IDS, FIXTURE_MASK).sum().backward()
+        # rows 0 and 4 of sequence 0 score the prompt token and the PAD: no gradient there
+        self.assertEqual(logits.grad[0, 0].abs().sum().item(), 0.0)
+        self.assertEqual(logits.grad[0, 3].abs().sum().item(), 0.0)
+        self.assertEqual(logits.grad[:, 4].abs().sum().item(), 0.0)  # the last row predicts nothing
+        self.assertGreater(logits.grad[0, 2].abs().sum().item(), 0.0)
+
+    def test_rejects_bad_alignment(self):
+        logits = torch.zeros(2, 5, 5, dtype=DTYPE)
+        cases = [
+            ("response_mask", (logits, FIXTURE_IDS, FIXTURE_MASK.clone().index_fill_(1, torch.tensor([0]), True))),
+            ("response_mask", (logits, FIXTURE_IDS, torch.zeros(2, 5, dtype=torch.bool))),
+            ("input_ids", (logits, FIXTURE_IDS + 1, FIXTURE_MASK)),
+            ("input_ids", (logits, FIXTURE_IDS.double(), FIXTURE_MASK)),
+            ("logits", (torch.zeros(2, 1, 5, dtype=DTYPE), FIXTURE_IDS[:, :1], FIXTURE_MASK[:, :1])),
+            ("response_mask", (logits, FIXTURE_IDS, FIXTURE_MASK.long())),
+            ("input_ids", (logits, FIXTURE_IDS[:, :4], FIXTURE_MASK)),
+        ]
+        for name, args in cases:
+            with self.subTest(name=name), self.assertRaisesRegex(ValueError, name):
+                response_token_logps(*args)
+
+
+class GAE(unittest.TestCase):
+    def test_terminal_reward_reaches_all_three_steps(self):
+        rewards = t([0.0, 0.0, 1.0])
+        zeros = torch.zeros_like(rewards)
+        terminated = torch.tensor([False, False, True])
+        advantages, returns = gae(rewards, zeros, zeros, terminated, terminated, gamma=1.0, lam=1.0)
+        self.assertEqual(advantages.tolist(), [1.0, 1.0, 1.0])
+        self.assertEqual(returns.tolist(), [1.0, 1.0, 1.0])
+        self.assertEqual(advantages.dtype, DTYPE)
+
+    def test_matches_slow_reference_over_random_streams(self):
+        generator = torch.Generator().manual_seed(11)
+        rewards = torch.randn(40, generator=generator, dtype=DTYPE)
+        values = torch.randn(40, generator=generator, dtype=DTYPE)
+        next_values = torch.randn(40, generator=generator, dtype=DTYPE)
+        boundary = torch.rand(40, generator=generator) < 0.3
+        terminated = boundary & (torch.rand(40, generator=generator) < 0.5)
+        gamma, lam = 0.9, 0.8
+        advantages, returns = gae(rewards, values, next_values, terminated, boundary, gamma=gamma, lam=lam)
+        # slow reference: for every t sum the discounted residuals forward until the next boundary
+        for start in range(40):
+            total, weight = 0.0, 1.0
+            for k in range(start, 40):
+                bootstrap = 0.0 if terminated[k] else gamma * next_values[k].item()
+                total += weight * (rewards[k].item() + bootstrap - values[k].item())
+                if boundary[k]:
+                    break
+                weight *= gamma * lam
+            self.assertAlmostEqual(advantages[start].item(), total, places=12)
+            self.assertAlmostEqual(returns[start].item(), total + values[start].item(), places=12)
+
+    def test_time_limit_bootstraps_final_observation(self):
+        rewards, values = t([0.0, 1.0]), t([0.0, 0.0])
+        next_values = t([0.0, 0.5])  # V of the final observation of the cut episode
+        cut = torch.tensor([False, True])
+        truncated, _ = gae(rewards, values, next_values, torch.tensor([False, False]), cut, gamma=1.0, lam=1.0)
+        terminal, _ = gae(rewards, values, next_values, cut, cut, gamma=1.0, lam=1.0)
+        self.assertEqual(truncated.tolist(), [1.5, 1.5])
+        self.assertEqual(terminal.tolist(), [1.0, 1.0])
+
+    def test_boundary_stops_the_trace_between_episodes(self):
+        # two episodes back to back: episode 0 earns nothing, episode 1 earns 1 at its end
+        rewards = t([0.0, 0.0, 0.0, 1.0])
+        zeros = torch.zeros(4, dtype=DTYPE)
+        ends = torch.tensor([False, True, False, True])
+        advantages, _ = gae(rewards, zeros, zeros, ends, ends, gamma=1.0, lam=1.0)
+        self.assertEqual(advantages.tolist(), [0.0, 0.0, 1.0, 1.0])
+        # without the boundary after step 1 the next episode's reward leaks back into episode 0
+        leaked, _ = gae(rewards, zeros, zeros, torch.tensor([False, False, False, True]),
+                        torch.tensor([False, False, False, True]), gamma=1.0, lam=1.0)
+        self.assertEqual(leaked.tolist(), [1.0, 1.0, 1.0, 1.0])
+
+    def test_lambda_zero_is_one_step_td(self):
+        rewards, values, next_values = t([0.5, 1.0]), t([0.2, 0.3]), t([0.3, 0.9])
+        flags = torch.tensor([False, False])
+        advantages, _ = gae(rewards, values, next_values, flags, torch.tensor([False, True]), gamma=0.9, lam=0.0)
+        torch.testing.assert_close(advantages, t([0.5 + 0.9 * 0.3 - 0.2, 1.0 + 0.9 * 0.9 - 0.3]), rtol=0, atol=1e-15)
+
+    def test_rejects_terminated_without_boundary_and_bad_scalars(self):
+        zeros = torch.zeros(2, dtype=DTYPE)
+        with self.assertRaisesRegex(ValueError, "terminated"):
+            gae(zeros, zeros, zeros, torch.tensor([True, False]), torch.tensor([False, True]))
+        with self.assertRaisesRegex(ValueError, "lam"):
+            gae(zeros, zeros, zeros, torch.tensor([False, True]), torch.tensor([False, True]), lam=1.5)
+        with self.assertRaisesRegex(ValueError, "gamma"):
+            gae(zeros, zeros, zeros, torch.tensor([False, True]), torch.tensor([False, True]), gamma=float("nan"))
+        with self.assertRaisesRegex(ValueError, "boundary"):
+            gae(zeros, zeros, zeros, torch.tensor([False, True]), torch.tensor([0, 1]))
+
+
+class SequencePolicyLosses(unittest.TestCase):
+    def test_grpo_loss_hand_value_per_sequence_mean(self):
+        # ratio 1 everywhere, beta 0: per token -A; sequence 0 has 2 valid tokens of A=+1, sequence 1 has 1 of A=-2
+        logps = t([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]])
+        mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        loss = grpo_policy_loss(logps, logps, logps, t([1.0, -2.0]), mask, beta=0.0)
+        self.assertAlmostEqual(loss.item(), ((-1.0) + 2.0) / 2, places=15)
+
+    def test_grpo_k3_term_hand_value(self):
+        policy = t([[-1.0]])
+        ref = t([[-2.0]])
+        loss = grpo_policy_loss(policy, policy, ref, t([0.0]), torch.ones(1, 1), beta=0.1)
+        self.assertAlmostEqual(loss.item(), 0.1 * (math.exp(-1.0) + 1.0 - 1.0), places=15)
+
+    def test_grpo_and_cispo_gradients_agree_when_nothing_is_clipped(self):
+        old = t([[-1.0, -0.7, -2.0], [-0.4, -1.5, -0.9]])
+        ref = old + 0.3
+        policy = (old + t([[0.05, -0.1, 0.0], [0.1, 0.02, -0.05]])).requires_grad_()  # ratios within 1 +- 0.2
+        advantages = t([1.3, -0.6])
+        mask = torch.tensor([[True, True, False], [True, True, True]])
+        grads = []
+        for fn in (grpo_policy_loss, cispo_policy_loss):
+            policy.grad = None
+            fn(policy, old, ref, advantages, mask, beta=0.1).backward()
+            grads.append(policy.grad.clone())
+        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-15)
+        self.assertEqual(grads[0][0, 2].item(), 0.0)  # a masked token gets nothing
+
+    def test_grpo_and_cispo_gradients_differ_on_a_clipped_token(self):
+        old = t([[0.0, 0.0]])
+        policy = t([[math.log(1.5), math.log(1.1)]], requires_grad=True)  # token 0 outside 1 + 0.2
+        grads = []
+        for fn in (grpo_policy_loss, cispo_policy_loss):
+            policy.grad = None
+            fn(policy, old, old, t([1.0]), torch.ones(1, 2), beta=0.0).backward()
+            grads.append(policy.grad.clone())
+        self.assertEqual(grads[0][0, 0].item(), 0.0)  # PPO-Clip drops the token
+        self.assertAlmostEqual(grads[1][0, 0].item(), -1.5 / 2, places=15)  # CISPO: -min(r, 5) * A / length
+        self.assertAlmostEqual(grads[0][0, 1].item(), grads[1][0, 1].item(), places=15)
+
+    def test_cispo_epsilon_high_is_an_absolute_cap_on_the_ratio(self):
+        policy = t([[math.log(3.0)]], requires_grad=True)
+        zero = t([[0.0]])
+        cispo_policy_loss(policy, zero, zero, t([1.0]), torch.ones(1, 1), epsilon_high=2.0, beta=0.0).backward()
+        self.assertAlmostEqual(policy.grad.item(), -2.0, places=15)  # min(3, 2), not min(3, 1 + 2)
+
+    def test_reductions_disagree_on_two_lengths(self):
+        per_token = t([[1.0, 1.0, 0.0, 0.0], [4.0, 4.0, 4.0, 4.0]])
+        mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+        self.assertAlmostEqual(reduce_token_loss(per_token, mask, "sequence").item(), (1.0 + 4.0) / 2, places=15)
+        self.assertAlmostEqual(reduce_token_loss(per_token, mask, "token").item(), (2.0 + 16.0) / 6, places=15)
+        self.assertAlmostEqual(reduce_token_loss(per_token, mask, "constant", 8).item(), 18.0 / 16, places=15)
+        with self.assertRaisesRegex(ValueError, "reduction"):
+            reduce_token_loss(per_token, mask, "mean")
+
+    def test_completion_mask_keeps_first_eos_and_rows_without_eos(self):
+        ids = torch.tensor([[2, 4, 4, 4], [3, 3, 3, 3], [4, 2, 2, 4], [2, 3, 4, 2]])
+        self.assertEqual(
+            completion_mask(ids, 4).tolist(), [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]
+        )
+        real = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+        self.assertEqual(completion_mask(ids, 4, real).tolist()[1], [1, 1, 0, 0])  # no EOS: kept up to padding
+        # an EOS on a padding position is not an answer's end
+        self.assertEqual(completion_mask(torch.tensor([[2, 3, 4]]), 4, torch.tensor([[1, 1, 0]])).tolist(), [[1, 1, 0]])
+
+
+class BadInput(unittest.TestCase):
+    """Every atom rejects bad input with a ValueError that names the argument."""
+
+    def test_every_atom_names_the_offending_argument(self):
+        x = t([-1.0, -2.0])
+        m = t([[-1.0, -2.0]])
+        ones = torch.ones(1, 2)
+        nan = t([float("nan"), 0.0])
+        cases = [
+            ("logp", clipped_policy_loss, ([-1.0, -2.0], x, x)),
+            ("old_logp", clipped_policy_loss, (x, nan, x)),
+            ("advantages", clipped_policy_loss, (x, x, t([1.0]))),
+            ("advantages", clipped_policy_loss, (x, x, x.float())),
+            ("epsilon", clipped_policy_loss, (x, x, x, 1.0)),
+            ("epsilon", clipped_policy_loss, (x, x, x, True)),
+            ("chosen", dpo_loss, (t([]), t([]), t([]), t([]))),
+            ("ref_rejected", dpo_loss, (x, x, x, t([float("inf"), 0.0]))),
+            ("beta", dpo_loss, (x, x, x, x, 0.0)),
+            ("rewards", group_advantages, (x,)),
+            ("epsilon", group_advantages, (m, -1.0)),
+            ("rewards", group_relative_advantages, (torch.tensor([1, 0]), 2)),
+            ("num_generations", group_relative_advantages, (x, 1)),
+            ("reference_logits", categorical_kl, (m, x)),
+            ("logits", categorical_kl, (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]))),
+            ("ref_logps", token_kl_penalty, (x, "x")),
+            ("policy_logps", token_kl_penalty, (nan, x)),
+            ("rewards", gae, (t([[0.0]]), t([0.0]), t([0.0]), torch.tensor([True]), torch.tensor([True]))),
+            ("next_values", gae, (t([0.0]), t([0.0]), t([0.0, 1.0]), torch.tensor([True]), torch.tensor([True]))),
+            ("policy_logps", grpo_policy_loss, (x, x, x, t([1.0]), ones)),
+            ("advantages", grpo_policy_loss, (m, m, m, t([1.0, 2.0]), ones)),
+            ("completion_mask", grpo_policy_loss, (m, m, m, t([1.0]), torch.full((1, 2), 2.0))),
+            ("epsilon", grpo_policy_loss, (m, m, m, t([1.0]), ones, -0.1)),
+            ("beta", grpo_policy_loss, (m, m, m, t([1.0]), ones, 0.2, -1.0)),
+            ("old_logps", cispo_policy_loss, (m, t([[-1.0]]), m, t([1.0]), ones)),
+            ("epsilon_high", cispo_policy_loss, (m, m, m, t([1.0]), ones, 0.0)),
+            ("completion_ids", completion_mask, (m, 4)),
+            ("eos_token_id", completion_mask, (torch.tensor([[1, 4]]), 4.0)),
+            ("pad_mask", completion_mask, (torch.tensor([[1, 4]]), 4, torch.ones(1, 3))),
+            ("completion_mask", reduce_token_loss, (m, torch.ones(2, 2))),
+            ("max_new_tokens", reduce_token_loss, (m, ones, "constant", 0)),
+        ]
+        for name, fn, args in cases:
+            with self.subTest(atom=fn.__name__, argument=name):
+                with self.assertRaises(ValueError) as caught:
+                    fn(*args)
+                self.assertIn(name, str(caught.exception))
+
+
+# ---------------------------------------------------------------------------------------------
+# The bandit
+# ---------------------------------------------------------------------------------------------
+
+
+class Bandit(unittest.TestCase):
+    def test_initial_evaluation_of_the_uniform_policy(self):
+        row = rl_lab.evaluate(torch.zeros(4, 3, dtype=DTYPE))
+        self.assertAlmostEqual(row["expected_reward"], (1.0 + 0.2 - 0.5) / 3, places=15)
+        self.assertAlmostEqual(row["best_action_probability"], 1 / 3, places=15)
+        self.assertAlmostEqual(row["entropy"], math.log(3.0), places=15)
+        self.assertEqual(row["kl_reference"], 0.0)
+        # a deterministic best policy reaches the theoretical maximum 1
+        best = torch.full((4, 3), -1e3, dtype=DTYPE).scatter(1, rl_lab.reward_table().argmax(1, keepdim=True), 0.0)
+        self.assertAlmostEqual(rl_lab.evaluate(best)["expected_reward"], 1.0, places=12)
+
+    def test_preference_pairs_are_context_major_then_chosen_then_rejected(self):
+        pairs = rl_lab.preference_pairs(rl_lab.reward_table()).tolist()
+        self.assertEqual(len(pairs), 12)
+        self.assertEqual(pairs[:3], [[0, 0, 1], [0, 0, 2], [0, 1, 2]])
+        self.assertEqual(pairs[3:6], [[1, 1, 0], [1, 1, 2], [1, 2, 0]])
+        self.assertEqual(pairs[-1], [3, 2, 1])
+
+    def test_seed7_reproduces_the_published_table(self):
+        published = {
+            "ppo": (0.99885050831871, 0.9989755746792244, 480, 15360, 0),
+            "dpo": (0.9950378892642915, 0.993830465052959, 120, 0, 1440),
+            "grpo": (0.9988252368613543, 0.9990314815282928, 480, 15360, 0),
+        }
+        for algorithm, (reward, best, optimizer_steps, sampled, pairs) in published.items():
+            with self.subTest(algorithm=algorithm):
+                final = cached_train(algorithm, seed=7)[0][-1]
+                self.assertAlmostEqual(final["expected_reward"], reward, delta=1e-9)
+                self.assertAlmostEqual(final["best_action_probability"], best, delta=1e-9)
+                self.assertEqual(
+                    (final["optimizer_steps"], final["sampled_actions"], final["pair_presentations"]),
+                    (optimizer_steps, sampled, pairs),
+                )
+
+    def test_all_four_algorithms_learn_on_three_seeds(self):
+        for algorithm in rl_lab.ALGORITHMS:
+            for seed in (0, 7, 19):
+                with self.subTest(algorithm=algorithm, seed=seed):
+                    rows = cached_train(algorithm, seed=seed)[0]
+                    self.assertGreater(rows[-1]["best_action_probability"], 0.9)
+                    self.assertGreater(rows[-1]["expected_reward"] - rows[0]["expected_reward"], 0.6)
+
+    def test_reversed_dpo_labels_optimize_the_wrong_task(self):
+        for seed in (0, 7, 19):
+            with self.subTest(seed=seed):
+                rows, settings = cached_train("dpo", seed=seed, preference_flips=12)
+                self.assertEqual(settings["flipped_pair_indices"], list(range(12)))
+                self.assertLess(rows[-1]["dpo_training_loss"], rows[0]["dpo_training_loss"] - 0.5)
+                self.assertGreater(rows[-1]["dpo_clean_loss"], rows[0]["dpo_clean_loss"] + 0.5)
+                self.assertLess(rows[-1]["expected_reward"], -0.4)
+
+    def test_partial_flips_swap_exactly_the_recorded_pairs(self):
+        _, settings = cached_train("dpo", seed=7, preference_flips=3)
+        flipped = settings["flipped_pair_indices"]
+        self.assertEqual(len(flipped), 3)
+        self.assertEqual(flipped, sorted(flipped))
+        # randperm(12)[:3] from a fresh seed-7 generator, sorted
+        expected = torch.randperm(12, generator=torch.Generator().manual_seed(7))[:3].sort().values.tolist()
+        self.assertEqual(flipped, expected)
+        clean, training = settings["clean_preference_pairs"], settings["training_preference_pairs"]
+        for index in range(12):
+            c, w, l = clean[index]
+            self.assertEqual(training[index], [c, l, w] if index in flipped else [c, w, l])
+        self.assertEqual(cached_train("dpo", seed=7, preference_flips=3)[0], rl_lab.train("dpo", seed=7, preference_flips=3)[0])
+
+    def test_counters_follow_the_action_budget(self):
+        rows, settings = rl_lab.train("grpo", steps=5, seed=3, group_size=4, grpo_prompts=32)
+        self.assertEqual([row["sampled_actions"] for row in rows], [0, 128, 256, 384, 512, 640])
+        self.assertEqual((settings["group_size"], settings["online_batch_prompts"]), (4, 32))
+        for previous, row in zip(rows, rows[1:]):
+            taken = row["optimizer_steps"] - previous["optimizer_steps"]
+            self.assertTrue(1 <= taken <= 4)  # early stop never blocks the first update (KL(old||old) = 0)
+            self.assertTrue(0.0 <= row["zero_group_fraction"] <= 1.0)
+            self.assertTrue(0.0 <= row["clip_fraction"] <= 1.0)
+            self.assertGreaterEqual(row["old_policy_kl"], 0.0)
+
+    def test_early_stop_on_old_policy_kl_cuts_the_epochs(self):
+        # at the default threshold 0.05 the seed-7 runs never stop early (480 = 4 x 120 steps), so force it:
+        # the first update always runs (KL(old||old) = 0), the check before the second one then stops
+        for algorithm in ("ppo", "grpo", "cispo"):
+            with self.subTest(algorithm=algorithm), mock.patch.object(rl_lab, "TARGET_OLD_POLICY_KL", 1e-12):
+                rows = rl_lab.train(algorithm, steps=4, seed=7)[0]
+                self.assertEqual([row["optimizer_steps"] for row in rows], [0, 1, 2, 3, 4])
+                self.assertGreater(rows[-1]["old_policy_kl"], 1e-12)
+
+    def test_same_seed_gives_identical_rows_and_another_seed_does_not(self):
+        first = rl_lab.train("cispo", steps=6, seed=123)[0]
+        again = rl_lab.train("cispo", steps=6, seed=123)[0]
+        other = rl_lab.train("cispo", steps=6, seed=124)[0]
+        self.assertEqual(first, again)
+        self.assertNotEqual(first[-1]["expected_reward"], other[-1]["expected_reward"])
+
+    def test_train_rejects_bad_arguments(self):
+        cases = [
+            ("algorithm", {"algorithm": "reinforce"}),
+            ("steps", {"steps": 0}),
+            ("steps", {"steps": 2.0}),
+            ("seed", {"seed": -1}),
+            ("seed", {"seed": 2**63}),
+            ("seed", {"seed": True}),
+            ("group_size", {"group_size": 1}),
+            ("grpo_prompts", {"grpo_prompts": 0}),
+            ("preference_flips", {"algorithm": "dpo", "preference_flips": 13}),
+            ("preference_flips", {"algorithm": "grpo", "preference_flips": 1}),
+        ]
+        for name, kwargs in cases:
+            kwargs = {"algorithm": "ppo", **kwargs}
+            with self.subTest(kwargs=kwargs), self.assertRaisesRegex(ValueError, name):
+                rl_lab.train(kwargs.pop("algorithm"), **kwargs)
+
+    def test_training_leaves_global_torch_state_as_found(self):
+        threads, dtype, grad = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()
+        rl_lab.train("ppo", steps=2)
+        rl_lab.atomic_demo()
+        self.assertEqual((torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()), (threads, dtype, grad))
+
+    def test_atomic_demo_values(self):
+        demo = rl_lab.atomic_demo()
+        self.assertEqual(demo["gae"]["advantages_gamma1_lam1"], [1.0, 1.0, 1.0])
+        self.assertEqual(demo["clipped_policy_loss"]["grad_logp"], [0.0, 0.0, 1.5, -0.5])
+        self.assertEqual(demo["dpo_loss"]["loss_at_reference"], round(math.log(2), 12))
+        self.assertEqual(demo["group_advantages"]["advantages"][1], [0.0] * 4)
+        self.assertEqual(demo["kl"]["kl_exact"], demo["kl"]["kl_k3_expected_under_policy"])
+        self.assertEqual(demo["clipped_token_gradient"]["grpo_grad_logp"], 0.0)
+        self.assertEqual(demo["clipped_token_gradient"]["cispo_grad_logp"], -1.5)
+
+
+class BanditCLI(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def test_writes_the_documented_files_byte_identically(self):
+        out = os.path.join(self.tmp.name, "run")
+        code, stdout, _ = run_main(rl_lab.main, ["--steps", "3", "--output", out])
+        self.assertEqual(code, 0)
+        self.assertEqual(sorted(os.listdir(out)), sorted(f"{a}.{ext}" for a in rl_lab.ALGORITHMS for ext in ("csv", "json")))
+        self.assertEqual(len(stdout.strip().splitlines()), 4)
+        with open(os.path.join(out, "dpo.csv"), newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        self.assertEqual(list(rows[0]), rl_lab.DPO_COLUMNS)
+        self.assertEqual([int(row["step"]) for row in rows], [0, 1, 2, 3])
+        train_rows = rl_lab.train("dpo", steps=3)[0]
+        self.assertEqual(float(rows[-1]["expected_reward"]), train_rows[-1]["expected_reward"])  # repr round-trips
+        with open(os.path.join(out, "grpo.json")) as handle:
+            report = json.load(handle)
+        self.assertEqual(list(report), ["settings", "initial", "final"])
+        for key in ("seed", "steps", "dtype", "device", "torch", "reward_table", "group_size",
+                    "online_batch_prompts", "offline_preference_pairs", "learning_rate", "kl_beta", "clip_epsilon"):
+            self.assertIn(key, report["settings"])
+        self.assertEqual(report["final"]["step"], 3)
+        with open(os.path.join(out, "ppo.csv"), "rb") as handle:
+            first_bytes = handle.read()
+        self.assertNotIn(b"\r", first_bytes)
+        run_main(rl_lab.main, ["--steps", "3", "--output", out])
+        with open(os.path.join(out, "ppo.csv"), "rb") as handle:
+            self.assertEqual(handle.read(), first_bytes)
+        self.assertEqual([name for name in os.listdir(out) if name.endswith(".tmp")], [])
+
+    def test_bad_flags_exit_2_with_one_line_and_write_nothing(self):
+        out = os.path.join(self.tmp.name, "never")
+        cases = [
+            ("--steps", ["--steps", "0"]),
+            ("--steps", ["--steps", "1.5"]),
+            ("--group-size", ["--group-size", "1"]),
+            ("--preference-flips", ["--preference-flips", "13"]),
+            ("--preference-flips", ["--algorithm", "grpo", "--preference-flips", "2"]),
+            ("--seed", ["--seed", "-1"]),
+            ("--seed", ["--seed", str(2**63)]),
+            ("--grpo-prompts", ["--grpo-prompts", "0"]),
+            ("--algorithm", ["--algorithm", "sac"]),
+            ("--steps", ["--steps", "ten"]),
+        ]
+        for flag, argv in cases:
+            with self.subTest(argv=argv):
+                code, stdout, stderr = run_main(rl_lab.main, argv + ["--output", out])
+                self.assertEqual(code, 2)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(flag, stderr)
+                self.assertEqual(stdout, "")
+                self.assertFalse(os.path.exists(out))
+
+    def test_output_that_is_a_file_is_a_one_line_error_and_stays_untouched(self):
+        path = os.path.join(self.tmp.name, "results")
+        with open(path, "w") as handle:
+            handle.write("keep me\n")
+        code, _, stderr = run_main(rl_lab.main, ["--steps", "2", "--output", path])
+        self.assertEqual(code, 2)
+        self.assertEqual(len(stderr.strip().splitlines()), 1)
+        self.assertIn("--output", stderr)
+        with open(path) as handle:
+            self.assertEqual(handle.read(), "keep me\n")
+        code, _, stderr = run_main(rl_lab.main, ["--steps", "2", "--output", os.path.join(path, "sub")])
+        self.assertEqual(code, 2)
+        self.assertIn("--output", stderr)
+
+    def test_interrupted_write_keeps_the_old_file_and_leaves_no_temporary(self):
+        path = os.path.join(self.tmp.name, "metrics.csv")
+        rl_lab.write_text_atomic(path, "old\n")
+        with self.assertRaises(TypeError):
+            rl_lab.write_text_atomic(path, 12345)  # fails inside the write, after the temp file exists
+        with open(path) as handle:
+            self.assertEqual(handle.read(), "old\n")
+        self.assertEqual(os.listdir(self.tmp.name), ["metrics.csv"])
+
+    def test_atoms_mode_prints_json_from_the_command_line(self):
+        result = subprocess.run(
+            [sys.executable, "-B", os.path.join(HERE, "rl_lab.py"), "--algorithm", "atoms"],
+            capture_output=True, text=True, cwd=self.tmp.name, check=False,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        demo = json.loads(result.stdout)
+        self.assertEqual(demo["gae"]["advantages_gamma1_lam1"], [1.0, 1.0, 1.0])
+        self.assertEqual(demo["response_logps"]["sequence_logps"], [round(-2 * math.log(5), 12), round(-3 * math.log(5), 12)])
+        self.assertEqual(os.listdir(self.tmp.name), [])  # atoms mode writes nothing
+
+    def test_help_states_each_flag_default(self):
+        code, stdout, _ = run_main(rl_lab.main, ["--help"])
+        self.assertEqual(code, 0)
+        for text in ("--steps", "default: 120", "--seed", "default: 7", "--group-size", "default: 8",
+                     "--grpo-prompts", "default: 16", "--preference-flips", "[0, 12]", "default: results"):
+            self.assertIn(text, stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
