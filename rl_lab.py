@@ -598,6 +598,15 @@ def prepare_output_dir(path):
     return None
 
 
+def prepare_output_file(path):
+    """Create the folder of an output file; return None on success or a one-line reason it cannot be used."""
+    if not path or os.path.basename(path) == "":
+        return f"expected a file path, got {path!r}"
+    if os.path.isdir(path):
+        return f"{path!r} is a folder, expected a file path"
+    return prepare_output_dir(os.path.dirname(path) or ".")
+
+
 # ---------------------------------------------------------------------------------------------
 # The one-step contextual bandit: setup
 # ---------------------------------------------------------------------------------------------
@@ -1060,6 +1069,13 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 def output_dir_or_exit(parser, path, flag="--output"):
     """Create the output folder before any work, or exit 2 with one line naming the flag."""
     problem = prepare_output_dir(path)
+    if problem is not None:
+        parser.error(f"argument {flag}: {problem}")
+
+
+def output_file_or_exit(parser, path, flag="--output"):
+    """Create the folder of an output file before any work, or exit 2 with one line naming the flag."""
+    problem = prepare_output_file(path)
     if problem is not None:
         parser.error(f"argument {flag}: {problem}")
 
