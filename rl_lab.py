@@ -21,8 +21,9 @@ import io
 import json
 import math
 import os
+import re
 import sys
-import tempfile
+import uuid
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,8 @@ SEED_LIMIT = 2**63
 def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
     """Validate one tensor argument and return it.
 
-    kind: "float" (floating dtype, every value finite), "int" (integer dtype, not bool),
+    kind: "float" (floating dtype, every value finite), "any_float" (floating dtype, values not checked),
+    "int" (integer dtype, not bool),
     "bool" (bool dtype) or "mask" (bool, integer or floating with every value 0 or 1).
     Raises ValueError naming `name` when the value is not a tensor, has the wrong kind or number
     of dimensions, is empty (unless allow_empty) or holds a non-finite value.
@@ -56,6 +58,9 @@ def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
             raise ValueError(f"{name}: expected a floating-point tensor, got {value.dtype}")
         if not bool(torch.isfinite(value.detach()).all()):
             raise ValueError(f"{name}: expected finite values, found NaN or inf")
+    elif kind == "any_float":  # floating, values checked by the caller (e.g. only where a mask keeps them)
+        if not value.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor, got {value.dtype}")
     elif kind == "int":
         if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
             raise ValueError(f"{name}: expected an integer tensor, got {value.dtype}")
@@ -99,7 +104,10 @@ def check_real(name, value, *, low=None, high=None, low_open=False, high_open=Fa
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name}: expected a real number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name}: expected a finite number, got an integer with {len(str(abs(value)))} digits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite number, got {value}")
     if low is not None and (value < low or (low_open and value == low)):
@@ -227,6 +235,7 @@ def group_relative_advantages(rewards, num_generations, eps=1e-4):
     """
     check_tensor("rewards", rewards, ndim=1)
     num_generations = check_int("num_generations", num_generations, low=2)
+    eps = check_real("eps", eps, low=0.0, low_open=True)
     if rewards.numel() % num_generations != 0:
         raise ValueError(
             f"rewards: length {rewards.numel()} is not divisible by num_generations={num_generations}"
@@ -414,11 +423,15 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
     Raises:
         ValueError naming the argument for bad tensors, shapes or an unknown reduction.
     """
-    check_tensor("per_token_loss", per_token_loss, ndim=2)
+    check_tensor("per_token_loss", per_token_loss, kind="any_float", ndim=2)
     check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
     check_same_shape([("per_token_loss", per_token_loss), ("completion_mask", completion_mask)])
+    if max_new_tokens is not None:
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
     mask = completion_mask.detach().to(per_token_loss.dtype)
-    # where(), not multiplication alone: an inf/NaN-free loss stays so, and masked tokens give no gradient
+    if not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
+        raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
+    # where(), not multiplication: a masked position contributes exactly 0 and no gradient, whatever it holds
     masked = torch.where(mask > 0, per_token_loss, torch.zeros_like(per_token_loss))
     if reduction == "sequence":
         per_sequence = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (N, R) -> (N,)
@@ -428,9 +441,15 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
     if reduction == "constant":
         if max_new_tokens is None:
             max_new_tokens = per_token_loss.shape[1]
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
         return masked.sum() / (per_token_loss.shape[0] * max_new_tokens)
     raise ValueError(f"reduction: expected 'sequence', 'token' or 'constant', got {reduction!r}")
+
+
+def _kept_only(completion_mask, *token_tensors):
+    """Replace every masked position by 0 before any exp(): padding may hold any finite filler (e.g.
+    -1e9) and must neither overflow the ratio nor send NaN through the masked branch of where()."""
+    kept = completion_mask.detach() != 0
+    return [torch.where(kept, tensor, torch.zeros_like(tensor)) for tensor in token_tensors]
 
 
 def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask):
@@ -473,6 +492,7 @@ def grpo_policy_loss(
     """
     _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask)
     check_real("beta", beta, low=0.0)
+    policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
     policy_term = -clipped_policy_loss(
         policy_logps, old_logps, advantages.detach().unsqueeze(1).expand_as(policy_logps), epsilon
     )  # (N,) -> (N, R) broadcast of the sequence advantage
@@ -507,6 +527,7 @@ def cispo_policy_loss(
     _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask)
     epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, low_open=True)
     check_real("beta", beta, low=0.0)
+    policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
     ratio = (policy_logps - old_logps.detach()).exp()
     # detached: the weight scales the score-function gradient but is not differentiated itself
     weight = ratio.clamp(max=epsilon_high).detach()
@@ -533,7 +554,7 @@ def completion_mask(completion_ids, eos_token_id, pad_mask=None):
         ValueError naming the argument for a bad tensor, shape or a non-int eos_token_id.
     """
     check_tensor("completion_ids", completion_ids, kind="int", ndim=2)
-    eos_token_id = check_int("eos_token_id", eos_token_id)
+    eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=SEED_LIMIT - 1)
     if pad_mask is None:
         real = torch.ones_like(completion_ids, dtype=torch.bool)
     else:
@@ -559,9 +580,10 @@ def write_text_atomic(path, text):
     The rename is atomic, so a reader or an interrupted run never sees a truncated file.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    # a fresh name opened with "x" (not mkstemp, whose 0600 mode would survive the rename): the umask applies
+    tmp_path = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+        with open(tmp_path, "x", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
         os.replace(tmp_path, path)
     except BaseException:
@@ -585,22 +607,36 @@ def json_text(obj):
     return json.dumps(obj, indent=2, allow_nan=False) + "\n"
 
 
-def prepare_output_dir(path):
-    """Create the output folder; return None on success or a one-line reason it cannot be used."""
+def prepare_output_dir(path, filenames=()):
+    """Create the output folder and prove a file can be written there; return None or a one-line reason.
+
+    filenames: the files the run will write into the folder; one that exists as a folder is refused
+    now, before any work, rather than after the training.
+    """
+    if not path.strip():
+        return f"expected a folder name, got {path!r}"
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{path!r} exists and is not a folder"
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as error:
         return f"cannot create {path!r}: {error.strerror or error}"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"folder {path!r} is not writable"
+    for name in filenames:
+        if os.path.isdir(os.path.join(path, name)):
+            return f"{os.path.join(path, name)!r} is a folder, so the file cannot be written"
+    probe = os.path.join(path, f".write-test.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
+        with open(probe, "x", encoding="utf-8"):
+            pass
+        os.unlink(probe)
+    except OSError as error:
+        return f"cannot write into {path!r}: {error.strerror or error}"
     return None
 
 
 def prepare_output_file(path):
     """Create the folder of an output file; return None on success or a one-line reason it cannot be used."""
-    if not path or os.path.basename(path) == "":
+    if not path.strip() or os.path.basename(path) == "":
         return f"expected a file path, got {path!r}"
     if os.path.isdir(path):
         return f"{path!r} is a folder, expected a file path"
@@ -665,8 +701,12 @@ def evaluate(logits, rewards=None, reference_logits=None):
     best_action_probability = mean_x p(argmax_a R(x, a) | x), entropy (nats, mean over x) and
     kl_reference = mean_x KL(p(.|x) || reference(.|x)) (exact; reference defaults to uniform).
     """
-    rewards = reward_table() if rewards is None else rewards
-    reference_logits = torch.zeros_like(rewards) if reference_logits is None else reference_logits
+    check_tensor("logits", logits, ndim=2)
+    rewards = reward_table().to(logits.dtype) if rewards is None else check_tensor("rewards", rewards, ndim=2)
+    reference_logits = torch.zeros_like(logits) if reference_logits is None else reference_logits
+    check_tensor("reference_logits", reference_logits, ndim=2)
+    check_same_shape([("logits", logits), ("rewards", rewards), ("reference_logits", reference_logits)])
+    check_same_dtype([("logits", logits), ("rewards", rewards), ("reference_logits", reference_logits)])
     with torch.no_grad():
         logp = F.log_softmax(logits, dim=-1)  # (X, A)
         probs = logp.exp()
@@ -749,6 +789,11 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     if preference_flips and algorithm != "dpo":
         raise ValueError(f"preference_flips: only applies to dpo, got {preference_flips} with {algorithm}")
 
+    with torch.enable_grad():  # the updates need autograd even if the caller runs under torch.no_grad()
+        return _train(algorithm, steps, seed, group_size, preference_flips, grpo_prompts, rewards, pairs)
+
+
+def _train(algorithm, steps, seed, group_size, preference_flips, grpo_prompts, rewards, pairs):
     settings = _settings(algorithm, steps, seed, group_size, grpo_prompts)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)  # the one seeding point of the run
     logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE, requires_grad=True)
@@ -1026,21 +1071,30 @@ def atomic_demo():
 # ---------------------------------------------------------------------------------------------
 
 
+_INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
+_FLOAT_SYNTAX = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse parser whose errors are one line on stderr ('prog: error: ...') and exit status 2."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # '--step' is not '--steps': every flag is spelled out
+        super().__init__(*args, **kwargs)
+
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        one_line = " ".join(message.split("\n"))  # a value holding a newline must not split the line
+        self.exit(2, f"{self.prog}: error: {one_line} (see --help)\n")
 
 
 def int_flag(low, high):
     """argparse type: a decimal integer in [low, high] (no floats, no bools)."""
 
     def parse(text):
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}") from None
+        # int() alone would also take ' 3', '+3', '1_0' and non-ASCII digits
+        if not _INTEGER_SYNTAX.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}")
+        value = int(text, 10)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
         return value
@@ -1053,10 +1107,9 @@ def float_flag(low, high, *, low_open=False, high_open=False):
     interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
     def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}") from None
+        if not _FLOAT_SYNTAX.fullmatch(text):  # plain ASCII decimal notation; no 'nan', 'inf' or '1_0'
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
+        value = float(text)
         if not math.isfinite(value) or value < low or value > high or (low_open and value == low) or (
             high_open and value == high
         ):
@@ -1066,9 +1119,9 @@ def float_flag(low, high, *, low_open=False, high_open=False):
     return parse
 
 
-def output_dir_or_exit(parser, path, flag="--output"):
+def output_dir_or_exit(parser, path, filenames=(), flag="--output"):
     """Create the output folder before any work, or exit 2 with one line naming the flag."""
-    problem = prepare_output_dir(path)
+    problem = prepare_output_dir(path, filenames)
     if problem is not None:
         parser.error(f"argument {flag}: {problem}")
 
@@ -1115,8 +1168,8 @@ def main(argv=None):
     if args.algorithm == "atoms":
         print(json_text(atomic_demo()), end="")
         return 0
-    output_dir_or_exit(parser, args.output)
     algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
+    output_dir_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
     for algorithm in algorithms:
         rows, settings = train(
             algorithm, steps=args.steps, seed=args.seed, group_size=args.group_size,

@@ -474,6 +474,58 @@ class BadInput(unittest.TestCase):
                 self.assertIn(name, str(caught.exception))
 
 
+class ExtremeInput(unittest.TestCase):
+    """Out-of-range scalars are ValueErrors too, and padding may hold any finite filler."""
+
+    def test_huge_integer_scalars_are_value_errors_naming_the_argument(self):
+        x = t([-1.0, -2.0])
+        m = t([[-1.0, -2.0]])
+        cases = [
+            ("epsilon", lambda: clipped_policy_loss(x, x, x, epsilon=10**400)),
+            ("beta", lambda: dpo_loss(x, x, x, x, beta=10**400)),
+            ("gamma", lambda: gae(x, x, x, torch.tensor([False, True]), torch.tensor([False, True]), gamma=10**400)),
+            ("eps", lambda: group_relative_advantages(x, 2, eps=0)),
+            ("eps", lambda: group_relative_advantages(x, 2, eps=True)),
+            ("eos_token_id", lambda: completion_mask(torch.tensor([[2, 4]]), 2**70)),
+            ("max_new_tokens", lambda: reduce_token_loss(m, torch.ones(1, 2), "constant", 10**30)),
+            ("max_new_tokens", lambda: grpo_policy_loss(m, m, m, t([1.0]), torch.ones(1, 2), max_new_tokens="junk")),
+        ]
+        for name, call in cases:
+            with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                call()
+            self.assertIn(name, str(caught.exception))
+
+    def test_sequence_losses_ignore_whatever_masked_positions_hold(self):
+        mask = torch.tensor([[1, 0], [1, 1]])
+        clean = [t([[-1.0, 0.0], [-0.5, -2.0]]), t([[-1.1, 0.0], [-0.4, -2.2]]), t([[-1.2, 0.0], [-0.7, -1.9]])]
+        filler = [t([[-1.0, -800.0], [-0.5, -2.0]]), t([[-1.1, -1e9], [-0.4, -2.2]]), t([[-1.2, 900.0], [-0.7, -1.9]])]
+        for fn in (grpo_policy_loss, cispo_policy_loss):
+            with self.subTest(loss=fn.__name__):
+                results = []
+                for policy, old, ref in (clean, filler):
+                    policy = policy.clone().requires_grad_(True)
+                    loss = fn(policy, old, ref, t([1.0, -0.5]), mask, beta=0.1)
+                    loss.backward()
+                    results.append((loss.item(), policy.grad.clone()))
+                self.assertEqual(results[0][0], results[1][0])
+                self.assertEqual(results[1][1].tolist(), results[0][1].tolist())  # finite, 0 on the masked token
+                self.assertEqual(results[1][1][0, 1].item(), 0.0)
+
+    def test_evaluate_rejects_tables_of_the_wrong_shape_or_kind(self):
+        cases = [
+            ("logits", ("abc",)),
+            ("logits", (torch.zeros(4, 3, dtype=torch.long),)),
+            ("rewards", (torch.zeros(1, 3, dtype=DTYPE),)),
+            ("rewards", (torch.zeros(4, 3, dtype=DTYPE), t([[float("nan")] * 3] * 4))),
+            ("reference_logits", (torch.zeros(4, 3, dtype=DTYPE), None, torch.zeros(4, 2, dtype=DTYPE))),
+        ]
+        for name, args in cases:
+            with self.subTest(argument=name), self.assertRaisesRegex(ValueError, name):
+                rl_lab.evaluate(*args)
+        float32 = rl_lab.evaluate(torch.zeros(4, 3))  # a float32 table is evaluated in its own dtype
+        self.assertAlmostEqual(float32["expected_reward"], 0.7 / 3, places=6)
+
+
 # ---------------------------------------------------------------------------------------------
 # The bandit
 # ---------------------------------------------------------------------------------------------
@@ -589,6 +641,12 @@ class Bandit(unittest.TestCase):
             with self.subTest(kwargs=kwargs), self.assertRaisesRegex(ValueError, name):
                 rl_lab.train(kwargs.pop("algorithm"), **kwargs)
 
+    def test_training_under_no_grad_gives_the_same_rows(self):
+        with torch.no_grad():
+            rows = rl_lab.train("ppo", steps=3, seed=5)[0]
+        self.assertTrue(torch.is_grad_enabled())
+        self.assertEqual(rows, rl_lab.train("ppo", steps=3, seed=5)[0])
+
     def test_training_leaves_global_torch_state_as_found(self):
         threads, dtype, grad = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()
         rl_lab.train("ppo", steps=2)
@@ -660,6 +718,39 @@ class BanditCLI(unittest.TestCase):
                 self.assertIn(flag, stderr)
                 self.assertEqual(stdout, "")
                 self.assertFalse(os.path.exists(out))
+
+    def test_numbers_must_be_plain_ascii_and_flags_spelled_out(self):
+        out = os.path.join(self.tmp.name, "never")
+        cases = [
+            ("--steps", ["--steps", " 3"]), ("--steps", ["--steps", "+3"]), ("--steps", ["--steps", "1_0"]),
+            ("--steps", ["--steps", "\u0663"]), ("--seed", ["--seed", "\uff13"]), ("--step", ["--step", "3"]),
+            ("--fo", ["--fo\no"]), ("--output", ["--output", " "]),
+        ]
+        for flag, argv in cases:
+            with self.subTest(argv=argv):
+                code, stdout, stderr = run_main(rl_lab.main, argv + (["--output", out] if "--output" not in argv else []))
+                self.assertEqual(code, 2)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(flag, stderr)
+                self.assertFalse(os.path.exists(out))
+
+    def test_an_output_file_name_taken_by_a_folder_stops_before_training(self):
+        out = os.path.join(self.tmp.name, "run")
+        os.makedirs(os.path.join(out, "grpo.json"))
+        code, stdout, stderr = run_main(rl_lab.main, ["--steps", "2", "--output", out])
+        self.assertEqual(code, 2)
+        self.assertIn("grpo.json", stderr)
+        self.assertEqual(os.listdir(out), ["grpo.json"])  # nothing else was written
+        self.assertEqual(stdout, "")
+
+    def test_written_files_follow_the_umask(self):
+        previous = os.umask(0o022)
+        try:
+            path = os.path.join(self.tmp.name, "metrics.csv")
+            rl_lab.write_text_atomic(path, "x\n")
+        finally:
+            os.umask(previous)
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o644)
 
     def test_output_that_is_a_file_is_a_one_line_error_and_stays_untouched(self):
         path = os.path.join(self.tmp.name, "results")
