@@ -768,6 +768,7 @@ def _clip_step(optimizer, params, loss):
     optimizer.step()
 
 
+@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
 def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16):
     """Train one algorithm on the bandit; return (rows, settings).
 
@@ -789,11 +790,6 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     if preference_flips and algorithm != "dpo":
         raise ValueError(f"preference_flips: only applies to dpo, got {preference_flips} with {algorithm}")
 
-    with torch.enable_grad():  # the updates need autograd even if the caller runs under torch.no_grad()
-        return _train(algorithm, steps, seed, group_size, preference_flips, grpo_prompts, rewards, pairs)
-
-
-def _train(algorithm, steps, seed, group_size, preference_flips, grpo_prompts, rewards, pairs):
     settings = _settings(algorithm, steps, seed, group_size, grpo_prompts)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)  # the one seeding point of the run
     logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE, requires_grad=True)
