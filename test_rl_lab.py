@@ -20,6 +20,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+import plot_results
 import ppo_chain
 import rl_lab
 import token_objectives
@@ -1089,22 +1090,10 @@ class ChainCLI(unittest.TestCase):
             self.assertEqual(sorted(os.listdir(first)), ["ppo-chain.csv", "ppo-chain.json"])  # no temp files left
         self.assertEqual(ppo_chain.build_parser().parse_args([]).output, "results-chain")
 
-    def test_chain_cli_nan_lambda_exits_2_with_one_line_and_writes_nothing(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            output = os.path.join(tmp, "out")
-            result = subprocess.run(
-                [sys.executable, "ppo_chain.py", "--gae-lambda", "nan", "--output", output],
-                cwd=HERE, capture_output=True, text=True,
-            )
-            self.assertEqual(result.returncode, 2)
-            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-            self.assertIn("--gae-lambda", result.stderr)
-            self.assertEqual(result.stdout, "")
-            self.assertFalse(os.path.exists(output))
-
     def test_chain_bad_flags_exit_2_naming_the_flag_before_writing(self):
         cases = [
             ("--gae-lambda", "-0.1"), ("--gae-lambda", "1.01"), ("--gae-lambda", "inf"), ("--gae-lambda", "x"),
+            ("--gae-lambda", "nan"),
             ("--steps", "0"), ("--steps", "-3"), ("--steps", "1.5"), ("--steps", "100001"),
             ("--seed", "-1"), ("--seed", str(SEED_LIMIT)), ("--seed", "7.5"), ("--seed", "abc"),
         ]
@@ -1696,6 +1685,144 @@ class OnlineCLI(unittest.TestCase):
                 self.assertIn(flag, stderr)
                 self.assertEqual(stdout, "")
                 self.assertFalse(os.path.exists(out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures (plot_results.py) and the committed reference results
+# ---------------------------------------------------------------------------------------------
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(",".join(header) + "\n")
+        for row in rows:
+            handle.write(",".join(str(value) for value in row) + "\n")
+
+
+class Plotter(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp.name, *parts)
+
+    def test_renders_every_kind_and_the_svg_is_deterministic(self):
+        cases = [
+            ("bandit", [os.path.join(HERE, "results")], ["PPO", "DPO", "GRPO", "CISPO", "optimum 1"]),
+            ("chain", [os.path.join(HERE, "results-chain")], ["Expected return", "V(start)"]),
+            ("tokens", [os.path.join(HERE, "results-tokens.json")], ["GRPO", "global token"]),
+            ("online", [os.path.join(HERE, "results-online-grpo-sequence"),
+                        os.path.join(HERE, "results-online-cispo-sequence")],
+             ["results-online-grpo-sequence", "results-online-cispo-sequence"]),
+        ]
+        for kind, inputs, texts in cases:
+            with self.subTest(kind=kind):
+                first, second = self.path(f"{kind}-1.svg"), self.path(f"{kind}-2.svg")
+                self.assertEqual(plot_results.render(inputs, first), kind)
+                plot_results.render(inputs, second)
+                with open(first, "rb") as a, open(second, "rb") as b:
+                    svg = a.read()
+                    self.assertEqual(svg, b.read())
+                for text in texts:
+                    self.assertIn(text.encode(), svg)
+                png = self.path(f"{kind}.png")
+                plot_results.render(inputs, png)
+                with open(png, "rb") as handle:
+                    self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_y_range_follows_the_data_for_a_reversed_dpo_run(self):
+        out = self.path("flipped")
+        rows, settings = cached_train("dpo", seed=7, preference_flips=12)
+        os.makedirs(out)
+        rl_lab.write_text_atomic(os.path.join(out, "dpo.csv"), rl_lab.csv_text(rows, rl_lab.DPO_COLUMNS))
+        figure = plot_results.plot_bandit(out)
+        try:
+            low, high = figure.axes[0].get_ylim()
+            self.assertLess(low, rows[-1]["expected_reward"])  # about -0.496 stays inside the panel
+            self.assertGreater(high, 1.0)
+            self.assertEqual([line.get_label() for line in figure.axes[0].get_lines()][0], "DPO")
+        finally:
+            plot_results.plt.close(figure)
+
+    def test_bad_inputs_give_one_line_naming_the_file(self):
+        header = ["step", "expected_reward", "best_action_probability", "kl_reference", "loss"]
+        os.makedirs(self.path("empty"))
+        write_csv(self.path("empty", "ppo.csv"), header, [])
+        os.makedirs(self.path("nan"))
+        write_csv(self.path("nan", "grpo.csv"), header, [[0, 0.2, 0.3, 0.0, 0.0], [1, "nan", 0.3, 0.0, 0.1]])
+        os.makedirs(self.path("steps"))
+        write_csv(self.path("steps", "dpo.csv"), header, [[0, 0.2, 0.3, 0.0, 0.0], [0, 0.3, 0.3, 0.0, 0.1]])
+        os.makedirs(self.path("nothing"))
+        with open(self.path("broken.json"), "w") as handle:
+            handle.write("{not json")
+        cases = [
+            (self.path("missing"), 1, "no such file or folder"),
+            (self.path("empty"), 1, "no data rows"),
+            (self.path("nan"), 1, "not finite"),
+            (self.path("steps"), 1, "does not increase"),
+            (self.path("nothing"), 1, "no lab output found"),
+            (self.path("broken.json"), 1, "not valid JSON"),
+        ]
+        for path, status, text in cases:
+            with self.subTest(path=os.path.basename(path)):
+                code, stdout, stderr = run_main(plot_results.main, ["--input", path, "--output", self.path("f.svg")])
+                self.assertEqual(code, status)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(text, stderr)
+                self.assertIn(os.path.basename(path), stderr)
+                self.assertFalse(os.path.exists(self.path("f.svg")))
+        code, _, stderr = run_main(plot_results.main, ["--input", os.path.join(HERE, "results"), "--output",
+                                                       self.path("f.pdf")])
+        self.assertEqual(code, 2)
+        self.assertIn("--output", stderr)
+
+    def test_plotter_never_imports_torch(self):
+        script = (
+            "import sys, plot_results; "
+            f"code = plot_results.main(['--input', {os.path.join(HERE, 'results-chain')!r}, '--output', "
+            f"{self.path('chain.svg')!r}]); print(code, 'torch' in sys.modules)"
+        )
+        result = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, cwd=HERE,
+                                check=False)
+        self.assertEqual(result.stdout.split()[-2:], ["0", "False"], result.stderr)
+        self.assertTrue(os.path.exists(self.path("chain.svg")))
+
+
+class CommittedResults(unittest.TestCase):
+    """The shipped outputs are what a fresh default run writes, byte for byte (same torch version)."""
+
+    def assert_file(self, relative, text):
+        with open(os.path.join(HERE, relative), encoding="utf-8", newline="") as handle:
+            committed = handle.read()
+        self.assertEqual(committed, text, f"{relative} is stale: regenerate it with the default command")
+
+    def setUp(self):
+        with open(os.path.join(HERE, "results", "ppo.json"), encoding="utf-8") as handle:
+            version = json.load(handle)["settings"]["torch"]
+        if version != torch.__version__:
+            self.skipTest(f"results were written with torch {version}, this is {torch.__version__}")
+
+    def test_bandit_results_match_a_fresh_run(self):
+        for algorithm in rl_lab.ALGORITHMS:
+            rows, settings = cached_train(algorithm, seed=7)
+            columns = rl_lab.DPO_COLUMNS if algorithm == "dpo" else rl_lab.COLUMNS
+            self.assert_file(f"results/{algorithm}.csv", rl_lab.csv_text(rows, columns))
+            self.assert_file(f"results/{algorithm}.json",
+                             json_text({"settings": settings, "initial": rows[0], "final": rows[-1]}))
+
+    def test_chain_and_token_results_match_a_fresh_run(self):
+        rows, report = ppo_chain.train()
+        self.assert_file("results-chain/ppo-chain.csv", rl_lab.csv_text(rows, ppo_chain.COLUMNS))
+        self.assert_file("results-chain/ppo-chain.json", json_text(report))
+        self.assert_file("results-tokens.json", json_text(token_report()))
+
+    def test_online_results_match_a_fresh_run(self):
+        for loss in ("grpo", "cispo"):
+            rows, report = cached_online(loss=loss, seed=7)
+            self.assert_file(f"results-online-{loss}-sequence/online.csv",
+                             rl_lab.csv_text(rows, token_objectives.ONLINE_COLUMNS))
+            self.assert_file(f"results-online-{loss}-sequence/online.json", json_text(report))
 
 
 if __name__ == "__main__":
