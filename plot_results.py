@@ -297,6 +297,7 @@ def build_parser():
         prog="plot_results.py",
         description="Redraw figures from the lab's CSV/JSON outputs (kind detected from the files).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--input", nargs="+", default=["results"],
                         help="a bandit or chain output folder, a token report .json, or one or more online run folders")
@@ -307,7 +308,8 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (see --help)\n")
+    # rl_lab.OneLineErrorParser would import torch with rl_lab; the plotter stays torch-free
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {' '.join(message.splitlines())} (see --help)\n")
     args = parser.parse_args(argv)
     if os.path.splitext(args.output)[1].lower() not in FORMATS:
         parser.error(f"argument --output: expected a file name ending in .svg or .png, got {args.output!r}")
