@@ -313,11 +313,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if os.path.splitext(args.output)[1].lower() not in FORMATS:
         parser.error(f"argument --output: expected a file name ending in .svg or .png, got {args.output!r}")
-    folder = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(folder):
-        parser.error(f"argument --output: folder {folder!r} does not exist")
     if os.path.isdir(args.output):
-        parser.error(f"argument --output: {args.output!r} is a folder")
+        parser.error(f"argument --output: {args.output!r} is a folder, expected a file name")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    try:  # like the drivers, create a missing output folder
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        problem = "is not a folder" if os.path.exists(folder) else f"cannot be created ({error.strerror or error})"
+        parser.error(f"argument --output: {folder!r} {problem}")
     try:
         kind = render(args.input, args.output)
     except PlotInputError as error:

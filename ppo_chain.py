@@ -43,6 +43,8 @@ from rl_lab import (
     int_flag,
     json_text,
     output_dir_or_exit,
+    run_cli,
+    torch_threads,
     write_text_atomic,
 )
 
@@ -267,6 +269,7 @@ def _trace(batch, advantages, returns):
 
 
 @torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
+@torch_threads(1)  # tiny tensors: more threads only wait for each other (see rl_lab.torch_threads)
 def train(*, steps=120, seed=7, gae_lambda=GAE_LAMBDA):
     """Train the chain with PPO, a critic and GAE; return (rows, report).
 
@@ -367,4 +370,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

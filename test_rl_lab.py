@@ -44,6 +44,15 @@ from rl_lab import (
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_THREADS = rl_lab.torch_threads(1)  # the atoms' tensors are tiny: one thread, as the drivers use
+
+
+def setUpModule():
+    _THREADS.__enter__()
+
+
+def tearDownModule():
+    _THREADS.__exit__(None, None, None)
 
 
 def t(values, **kwargs):
@@ -658,10 +667,17 @@ class Bandit(unittest.TestCase):
             self.assertEqual(quiet, run())
 
     def test_training_leaves_global_torch_state_as_found(self):
-        threads, dtype, grad = torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()
-        rl_lab.train("ppo", steps=2)
-        rl_lab.atomic_demo()
-        self.assertEqual((torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()), (threads, dtype, grad))
+        # the drivers run single-threaded inside and must hand back the caller's thread count
+        with rl_lab.torch_threads(2):
+            dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+            rl_lab.train("ppo", steps=2)
+            ppo_chain.train(steps=1)
+            token_objectives.online_train(steps=1)
+            token_objectives.run()
+            rl_lab.atomic_demo()
+            self.assertEqual((torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()),
+                             (2, dtype, grad))
+        self.assertEqual(torch.get_num_threads(), 1)  # and torch_threads itself restores on the way out
 
     def test_atomic_demo_values(self):
         demo = rl_lab.atomic_demo()
@@ -672,6 +688,9 @@ class Bandit(unittest.TestCase):
         self.assertEqual(demo["kl"]["kl_exact"], demo["kl"]["kl_k3_expected_under_policy"])
         self.assertEqual(demo["clipped_token_gradient"]["grpo_grad_logp"], 0.0)
         self.assertEqual(demo["clipped_token_gradient"]["cispo_grad_logp"], -1.5)
+        reductions = demo["reduce_token_loss"]
+        self.assertEqual((reductions["sequence"], reductions["token"], reductions["constant_max_new_tokens_8"]),
+                         (2.5, 3.0, 1.125))
 
 
 class BanditCLI(unittest.TestCase):
@@ -795,6 +814,18 @@ class BanditCLI(unittest.TestCase):
         self.assertEqual(demo["gae"]["advantages_gamma1_lam1"], [1.0, 1.0, 1.0])
         self.assertEqual(demo["response_logps"]["sequence_logps"], [round(-2 * math.log(5), 12), round(-3 * math.log(5), 12)])
         self.assertEqual(os.listdir(self.tmp.name), [])  # atoms mode writes nothing
+
+    def test_a_closed_pipe_ends_the_program_without_a_traceback(self):
+        process = subprocess.Popen(
+            [sys.executable, "-B", os.path.join(HERE, "rl_lab.py"), "--algorithm", "atoms"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.tmp.name,
+        )
+        self.assertEqual(process.stdout.read(1), b"{")
+        process.stdout.close()  # as `| head -c 1` does
+        stderr = process.stderr.read().decode()
+        process.stderr.close()
+        self.assertIn(process.wait(), (0, 1))
+        self.assertNotIn("Traceback", stderr)
 
     def test_help_states_each_flag_default(self):
         code, stdout, _ = run_main(rl_lab.main, ["--help"])
@@ -1776,6 +1807,19 @@ class Plotter(unittest.TestCase):
                                                        self.path("f.pdf")])
         self.assertEqual(code, 2)
         self.assertIn("--output", stderr)
+        with open(self.path("a-file"), "w") as handle:
+            handle.write("keep\n")
+        for target, text in ((self.path("a-file", "f.svg"), "not a folder"), (self.path("missing"), ".svg or .png")):
+            code, _, stderr = run_main(plot_results.main, ["--input", os.path.join(HERE, "results-chain"), "--output",
+                                                           target])
+            self.assertEqual(code, 2)
+            self.assertEqual(len(stderr.strip().splitlines()), 1)
+            self.assertIn(text, stderr)
+        # a missing output folder is created, as the drivers do
+        code, _, _ = run_main(plot_results.main, ["--input", os.path.join(HERE, "results-chain"), "--output",
+                                                  self.path("new", "chain.svg")])
+        self.assertEqual(code, 0)
+        self.assertTrue(os.path.isfile(self.path("new", "chain.svg")))
 
     def test_plotter_never_imports_torch(self):
         script = (

@@ -58,10 +58,12 @@ from rl_lab import (
     int_flag,
     json_text,
     output_dir_or_exit,
+    run_cli,
     output_file_or_exit,
     reduce_token_loss,
     response_token_logps,
     token_kl_penalty,
+    torch_threads,
     write_text_atomic,
 )
 
@@ -275,6 +277,7 @@ def _settings():
     }
 
 
+@torch_threads(1)
 def run():
     """Part 1: the facts of SPEC section 5 plus the lesson trace; returns a JSON-ready dict.
 
@@ -850,6 +853,7 @@ def online_train(**overrides):
 
 
 @torch.enable_grad()
+@torch_threads(1)  # tiny tensors: more threads only wait for each other (see rl_lab.torch_threads)
 def online_run(state):
     """The training loop of `online_train` on a prepared `online_setup` state: (rows, report)."""
     initial_success = success_probability(state["table"].detach(), state["config"]["temperature"])
@@ -1018,8 +1022,11 @@ def online_summary(rows, report, seconds):
         f"  exact success probability {report['initial_success_probability']:.4f} -> {last['success_probability']:.4f}",
         f"  sampled success rate {first['success_rate']:.3f} (first batch) -> {last['success_rate']:.3f} (last batch); "
         f"mean response length {first['mean_response_length']:.2f} -> {last['mean_response_length']:.2f}",
-        f"  kl_k3 {last['kl_k3']:.4f}; clip fraction naive {last['clip_fraction_naive']:.4f}, effective "
-        f"{last['clip_fraction_effective']:.4f}; {last['total_tokens_sampled']} tokens sampled",
+        f"  last iteration: kl_k3 {last['kl_k3']:.4f}, clip fraction naive {last['clip_fraction_naive']:.4f}, "
+        f"effective {last['clip_fraction_effective']:.4f}; mean over the run: naive "
+        f"{math.fsum(row['clip_fraction_naive'] for row in rows) / len(rows):.4f}, effective "
+        f"{math.fsum(row['clip_fraction_effective'] for row in rows) / len(rows):.4f}; "
+        f"{last['total_tokens_sampled']} tokens sampled",
         f"  training loop {seconds:.2f} s, {last['total_tokens_sampled'] / seconds:,.0f} tokens/s (sampling, scoring "
         "and updates; machine-dependent, so printed here and kept out of the files, which stay byte-identical)",
         "  first group of the first batch:",
@@ -1062,4 +1069,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
