@@ -19,11 +19,14 @@ import json
 import math
 import os
 import sys
+import uuid
+import warnings
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no screen needed
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402  (installed with matplotlib)
 from matplotlib.patches import Patch  # noqa: E402
 
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
@@ -87,8 +90,8 @@ def read_json(path):
             return json.load(handle)
     except OSError as error:
         raise PlotInputError(f"{path}: cannot read ({error.strerror or error})") from None
-    except ValueError as error:
-        raise PlotInputError(f"{path}: not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: absurdly deep nesting
+        raise PlotInputError(f"{path}: not valid JSON ({type(error).__name__})") from None
 
 
 def detect_kind(path):
@@ -183,9 +186,13 @@ def plot_chain(folder):
 
 
 def _finite_number(path, where, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer beyond the float range
+        number = math.nan
+    if not math.isfinite(number):
         raise PlotInputError(f"{path}: {where} is missing or not a finite number")
-    return float(value)
+    return number
 
 
 def plot_tokens(path):
@@ -257,39 +264,79 @@ def plot_online(folders):
     return figure
 
 
+class PlotOutputError(Exception):
+    """The figure file cannot be written: reported as one line naming --output, exit status 2."""
+
+
 def render(inputs, output):
-    """Draw the figure for `inputs` (list of paths) into `output`; raise PlotInputError on bad input."""
+    """Draw the figure for `inputs` (list of paths) into `output`.
+
+    Raises PlotInputError for bad input (nothing is written) and PlotOutputError when the file
+    cannot be written (no partial file is left).
+    """
     kinds = [detect_kind(path) for path in inputs]
     if len(inputs) > 1 and set(kinds) != {"online"}:
         raise PlotInputError(f"{inputs[1]}: several inputs are only supported for online run folders")
     kind = kinds[0]
-    if kind == "bandit":
-        figure = plot_bandit(inputs[0])
-    elif kind == "chain":
-        figure = plot_chain(inputs[0])
-    elif kind == "tokens":
-        path = inputs[0]
-        figure = plot_tokens(os.path.join(path, "results-tokens.json") if os.path.isdir(path) else path)
-    else:
-        figure = plot_online(inputs)
-    save(figure, output)
+    # finite but absurd values (say 1e308) overflow matplotlib's axis arithmetic: one line, not a traceback
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            if kind == "bandit":
+                figure = plot_bandit(inputs[0])
+            elif kind == "chain":
+                figure = plot_chain(inputs[0])
+            elif kind == "tokens":
+                path = inputs[0]
+                figure = plot_tokens(os.path.join(path, "results-tokens.json") if os.path.isdir(path) else path)
+            else:
+                figure = plot_online(inputs)
+            save(figure, output)
+        except (ArithmeticError, ValueError, np.linalg.LinAlgError) as error:
+            plt.close("all")
+            raise PlotInputError(f"{', '.join(inputs)}: the values cannot be drawn ({type(error).__name__})") from None
     return kind
 
 
 def save(figure, output):
-    """Save deterministically (no date in SVG/PNG metadata, fixed SVG id salt) via a temporary file."""
+    """Save deterministically (no date in SVG/PNG metadata, fixed SVG id salt) via a temporary file.
+
+    The output folder is created here, after the inputs were read, so a bad input leaves nothing.
+    """
     extension = os.path.splitext(output)[1].lower()
     folder = os.path.dirname(os.path.abspath(output))
-    temporary = os.path.join(folder, f".{os.path.basename(output)}.tmp{extension}")
+    temporary = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:16]}{extension}")  # short: the name may be long
     metadata = {"Date": None} if extension == ".svg" else {"Software": None}
     try:
+        os.makedirs(folder, exist_ok=True)
         with matplotlib.rc_context({"svg.hashsalt": "rl-lab", "svg.fonttype": "none"}):
             figure.savefig(temporary, metadata=metadata, dpi=120)
         os.replace(temporary, output)
+    except OSError as error:
+        raise PlotOutputError(f"cannot write {output!r}: {error.strerror or error}") from None
     finally:
         plt.close(figure)
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def output_problem(output):
+    """A one-line reason why `output` cannot be a figure file, checked without creating anything."""
+    if os.path.splitext(output)[1].lower() not in FORMATS:
+        return f"expected a file name ending in .svg or .png, got {output!r}"
+    if os.path.isdir(output):
+        return f"{output!r} is a folder, expected a file name"
+    folder = os.path.dirname(os.path.abspath(output))
+    existing = folder
+    while not os.path.exists(existing):  # the nearest folder that exists decides
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is not a folder"
+    if len(os.fsencode(os.path.basename(output))) > os.pathconf(existing, "PC_NAME_MAX"):
+        return f"file name {os.path.basename(output)[:40]!r}... is longer than this filesystem allows"
+    if existing == folder and not os.access(folder, os.W_OK):
+        return f"folder {folder!r} is not writable"
+    return None
 
 
 def build_parser():
@@ -302,33 +349,37 @@ def build_parser():
     parser.add_argument("--input", nargs="+", default=["results"],
                         help="a bandit or chain output folder, a token report .json, or one or more online run folders")
     parser.add_argument("--output", default="results/training-curves.svg",
-                        help="figure file; the extension chooses the format: .svg (deterministic) or .png")
+                        help="figure file; the extension chooses the format: .svg (deterministic) or .png; "
+                             "a missing folder is created")
     return parser
+
+
+def one_line(text):
+    return " ".join(str(text).splitlines())
 
 
 def main(argv=None):
     parser = build_parser()
     # rl_lab.OneLineErrorParser would import torch with rl_lab; the plotter stays torch-free
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {' '.join(message.splitlines())} (see --help)\n")
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {one_line(message)} (see --help)\n")
     args = parser.parse_args(argv)
-    if os.path.splitext(args.output)[1].lower() not in FORMATS:
-        parser.error(f"argument --output: expected a file name ending in .svg or .png, got {args.output!r}")
-    if os.path.isdir(args.output):
-        parser.error(f"argument --output: {args.output!r} is a folder, expected a file name")
-    folder = os.path.dirname(os.path.abspath(args.output))
-    try:  # like the drivers, create a missing output folder
-        os.makedirs(folder, exist_ok=True)
-    except OSError as error:
-        problem = "is not a folder" if os.path.exists(folder) else f"cannot be created ({error.strerror or error})"
-        parser.error(f"argument --output: {folder!r} {problem}")
+    problem = output_problem(args.output)
+    if problem is not None:
+        parser.error(f"argument --output: {problem}")
     try:
         kind = render(args.input, args.output)
     except PlotInputError as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        print(f"{parser.prog}: error: {one_line(error)}", file=sys.stderr)
         return 1
+    except PlotOutputError as error:
+        parser.error(f"argument --output: {one_line(error)}")
     print(f"{kind} figure from {', '.join(args.input)} -> {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `... | head`: the figure is already written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

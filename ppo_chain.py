@@ -57,6 +57,7 @@ NUM_ACTIONS = 2
 START_STATE = 0
 TRANSITIONS_PER_EPISODE = 2
 EPISODES_PER_BATCH = 64
+MAX_EPISODES = 1_000_000  # per rollout call: far above any use here, and well inside memory
 GAMMA = 1.0  # undiscounted: the episode is two steps long, so the terminal reward counts in full
 GAE_LAMBDA = 0.95
 # The PPO hyperparameters equal the bandit's, restated here so that the chain's published reference
@@ -86,13 +87,26 @@ def reward_table():
     return torch.tensor(REWARDS, dtype=DTYPE, device=DEVICE)
 
 
+def _check_tables(actor, critic):
+    check_tensor("actor", actor, ndim=2)
+    check_tensor("critic", critic, ndim=1)
+    if tuple(actor.shape) != (NUM_STATES, NUM_ACTIONS):
+        raise ValueError(f"actor: expected shape {(NUM_STATES, NUM_ACTIONS)}, got {tuple(actor.shape)}")
+    if tuple(critic.shape) != (NUM_STATES,):
+        raise ValueError(f"critic: expected shape {(NUM_STATES,)}, got {tuple(critic.shape)}")
+    if critic.dtype != actor.dtype:
+        raise ValueError(f"critic: expected dtype {actor.dtype} like actor, got {critic.dtype}")
+
+
 def evaluate(actor, critic):
     """Exact evaluation of the (S, A) actor and (S,) critic by enumerating the four routes; no sampling.
 
     Returns a dict of floats: expected_return J = p(0|0) p(0|1) * 1 + p(1|0) p(1|2) * 0.2 (0.3 for the
     uniform policy, 1 at the optimum), left_probability p(0|0), left_success_probability p(0|1) and
     value_start V(0), the critic's estimate (it may briefly exceed 1: it is learned, not computed).
+    Raises ValueError naming the argument for a non-tensor, non-finite or wrongly shaped table.
     """
+    _check_tables(actor, critic)
     probs = F.softmax(actor.detach(), dim=-1)  # (S, A)
     rewards = reward_table().to(probs.dtype)
     second_states = torch.tensor(NEXT_STATE)  # (A,): where each first action leads
@@ -172,17 +186,10 @@ def rollout(actor, critic, generator, episodes=EPISODES_PER_BATCH):
     Raises:
         ValueError naming the argument for a bad tensor, shape, generator or episode count.
     """
-    check_tensor("actor", actor, ndim=2)
-    check_tensor("critic", critic, ndim=1)
-    if tuple(actor.shape) != (NUM_STATES, NUM_ACTIONS):
-        raise ValueError(f"actor: expected shape {(NUM_STATES, NUM_ACTIONS)}, got {tuple(actor.shape)}")
-    if tuple(critic.shape) != (NUM_STATES,):
-        raise ValueError(f"critic: expected shape {(NUM_STATES,)}, got {tuple(critic.shape)}")
-    if critic.dtype != actor.dtype:
-        raise ValueError(f"critic: expected dtype {actor.dtype} like actor, got {critic.dtype}")
+    _check_tables(actor, critic)
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-    episodes = check_int("episodes", episodes, low=1)
+    episodes = check_int("episodes", episodes, low=1, high=MAX_EPISODES)
     old_logp_table = F.log_softmax(actor.detach(), dim=-1)  # (S, A)
     old_probs = old_logp_table.exp()
     old_values = critic.detach()
@@ -227,6 +234,8 @@ def advantages_and_returns(batch, gae_lambda=GAE_LAMBDA, gamma=GAMMA):
     V(second state), which is all it gets at lambda = 0). returns = advantages + old values are the
     lambda-returns the critic regresses on; they stay fixed for the whole batch.
     """
+    if not isinstance(batch, dict) or any(key not in batch for key in ROLLOUT_KEYS):
+        raise ValueError(f"batch: expected the dict of a rollout with keys {', '.join(ROLLOUT_KEYS)}")
     return gae(
         batch["rewards"], batch["values"], batch["next_values"], batch["terminated"], batch["boundary"],
         gamma=gamma, lam=gae_lambda,

@@ -63,8 +63,9 @@ def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
         if not value.is_floating_point():
             raise ValueError(f"{name}: expected a floating-point tensor, got {value.dtype}")
     elif kind == "int":
-        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
-            raise ValueError(f"{name}: expected an integer tensor, got {value.dtype}")
+        # uint8 is refused too: indexing with a uint8 tensor treats it as a boolean mask, not as ids
+        if value.dtype in (torch.bool, torch.uint8) or value.is_floating_point() or value.is_complex():
+            raise ValueError(f"{name}: expected a signed integer tensor (int64), got {value.dtype}")
     elif kind == "bool":
         if value.dtype != torch.bool:
             raise ValueError(f"{name}: expected a bool tensor, got {value.dtype}")
@@ -598,7 +599,7 @@ def write_text_atomic(path, text):
     """
     folder = os.path.dirname(os.path.abspath(path))
     # a fresh name opened with "x" (not mkstemp, whose 0600 mode would survive the rename): the umask applies
-    tmp_path = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    tmp_path = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:16]}")  # short: the target name may be long
     try:
         with open(tmp_path, "x", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
@@ -638,10 +639,13 @@ def prepare_output_dir(path, filenames=()):
         os.makedirs(path, exist_ok=True)
     except OSError as error:
         return f"cannot create {path!r}: {error.strerror or error}"
+    name_max = os.pathconf(path, "PC_NAME_MAX")
     for name in filenames:
+        if len(os.fsencode(name)) > name_max:
+            return f"file name {name[:40]!r}... is longer than the {name_max} bytes this filesystem allows"
         if os.path.isdir(os.path.join(path, name)):
             return f"{os.path.join(path, name)!r} is a folder, so the file cannot be written"
-    probe = os.path.join(path, f".write-test.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    probe = os.path.join(path, f".tmp-{uuid.uuid4().hex[:16]}")
     try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
         with open(probe, "x", encoding="utf-8"):
             pass
@@ -657,7 +661,7 @@ def prepare_output_file(path):
         return f"expected a file path, got {path!r}"
     if os.path.isdir(path):
         return f"{path!r} is a folder, expected a file path"
-    return prepare_output_dir(os.path.dirname(path) or ".")
+    return prepare_output_dir(os.path.dirname(path) or ".", [os.path.basename(path)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1117,8 +1121,10 @@ def int_flag(low, high):
 
     def parse(text):
         # int() alone would also take ' 3', '+3', '1_0' and non-ASCII digits
-        if not _INTEGER_SYNTAX.fullmatch(text):
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}")
+        # (and more than 4300 digits would exceed int()'s own limit: no valid value here is that long)
+        if not _INTEGER_SYNTAX.fullmatch(text) or len(text) > 40:
+            shown = text if len(text) <= 40 else text[:20] + "..."
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shown!r}")
         value = int(text, 10)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
@@ -1215,16 +1221,18 @@ def main(argv=None):
 
 
 def run_cli(main_function):
-    """Run a driver's main() as a program: a closed stdout pipe (`... | head`) ends it quietly.
-
-    Every file is written before anything is printed, so nothing is lost; exit status 1 as `head`
-    stopped reading early.
+    """Run a driver's main() as a program: a closed stdout pipe (`... | head`) ends it quietly (status 1;
+    every file is written before anything is printed, so nothing is lost), and Ctrl-C prints one line
+    (status 130) instead of a traceback.
     """
     try:
         return main_function()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 1
+    except KeyboardInterrupt:  # files are only ever replaced whole
+        print("interrupted: files already written are complete, none is half-written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -524,6 +524,10 @@ class ExtremeInput(unittest.TestCase):
                 self.assertEqual(results[1][1].tolist(), results[0][1].tolist())  # finite, 0 on the masked token
                 self.assertEqual(results[1][1][0, 1].item(), 0.0)
 
+    def test_uint8_ids_are_refused_because_indexing_reads_them_as_a_mask(self):
+        with self.assertRaisesRegex(ValueError, "input_ids"):
+            response_token_logps(torch.zeros(2, 5, 5, dtype=DTYPE), FIXTURE_IDS.to(torch.uint8), FIXTURE_MASK)
+
     def test_evaluate_rejects_tables_of_the_wrong_shape_or_kind(self):
         cases = [
             ("logits", ("abc",)),
@@ -771,6 +775,16 @@ class BanditCLI(unittest.TestCase):
         self.assertIn("grpo.json", stderr)
         self.assertEqual(os.listdir(out), ["grpo.json"])  # nothing else was written
         self.assertEqual(stdout, "")
+
+    def test_long_file_names_and_long_numbers(self):
+        long_name = "y" * 220 + ".csv"  # legal, though a temporary name built from it would not be
+        rl_lab.write_text_atomic(os.path.join(self.tmp.name, long_name), "x\n")
+        self.assertEqual(os.listdir(self.tmp.name), [long_name])
+        self.assertIn("longer than", rl_lab.prepare_output_file(os.path.join(self.tmp.name, "z" * 300 + ".json")))
+        code, _, stderr = run_main(rl_lab.main, ["--steps", "9" * 5000, "--output", os.path.join(self.tmp.name, "o")])
+        self.assertEqual(code, 2)
+        self.assertIn("[1, 100000]", stderr)
+        self.assertLess(len(stderr), 200)
 
     def test_written_files_follow_the_umask(self):
         previous = os.umask(0o022)
@@ -1093,6 +1107,23 @@ class ChainTraining(unittest.TestCase):
         before = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())
         ppo_chain.train(steps=1)
         self.assertEqual((torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads()), before)
+
+
+class ChainAPIValidation(unittest.TestCase):
+    def test_evaluate_advantages_and_rollout_reject_bad_input(self):
+        actor, critic = chain_tables()
+        cases = [
+            ("actor", lambda: ppo_chain.evaluate("a", "b")),
+            ("actor", lambda: ppo_chain.evaluate(torch.zeros(4, 2, dtype=DTYPE), critic)),
+            ("critic", lambda: ppo_chain.evaluate(actor, torch.zeros(1, dtype=DTYPE))),
+            ("actor", lambda: ppo_chain.evaluate(torch.full((3, 2), float("nan"), dtype=DTYPE), critic)),
+            ("batch", lambda: ppo_chain.advantages_and_returns({}, 0.5)),
+            ("episodes", lambda: ppo_chain.rollout(actor, critic, torch.Generator(), 2**63)),
+        ]
+        for name, call in cases:
+            with self.subTest(argument=name), self.assertRaisesRegex(ValueError, name):
+                call()
+        self.assertAlmostEqual(ppo_chain.evaluate(actor, critic)["expected_return"], 0.25 * 1.0 + 0.25 * 0.2, places=15)
 
 
 class ChainCLI(unittest.TestCase):
@@ -1668,6 +1699,47 @@ class OnlineGRPO(unittest.TestCase):
                 token_objectives.online_train(**overrides)
 
 
+class OnlineValidation(unittest.TestCase):
+    def test_verify_and_success_probability_reject_bad_input(self):
+        verify, eos = token_objectives.verify, token_objectives.ONLINE_EOS
+        table = torch.zeros(6, 5, 4, 3, dtype=DTYPE)
+        cases = [
+            ("number", lambda: verify(-1, [1, 0, 1, eos], False)),  # would wrap round to prompt 5
+            ("number", lambda: verify(True, [1, eos], False)),
+            ("number", lambda: verify(6, [1, eos], False)),
+            ("tokens", lambda: verify(1, torch.tensor([1, eos]), False)),
+            ("tokens", lambda: verify(1, [1, 7], False)),
+            ("truncated", lambda: verify(1, [1, eos], True)),  # an EOS means the response stopped
+            ("truncated", lambda: verify(1, [1, eos], "no")),
+            ("temperature", lambda: token_objectives.success_probability(table, 0)),
+            ("table", lambda: token_objectives.success_probability(torch.zeros(3, 5, 4, 3, dtype=DTYPE), 1.0)),
+            ("loss", lambda: token_objectives.online_train(loss={"a": 1})),
+            ("state", lambda: token_objectives.online_rollout({})),
+        ]
+        for name, call in cases:
+            with self.subTest(argument=name), self.assertRaisesRegex(ValueError, name):
+                call()
+        self.assertEqual(verify(1, (1, eos), False), 1.0)  # a tuple is a sequence of ids too
+        state = token_objectives.online_setup()
+        with self.assertRaisesRegex(ValueError, "batch"):
+            token_objectives.online_update(token_objectives.online_setup(max_new_tokens=3),
+                                           token_objectives.online_rollout(state))
+
+    def test_a_diverging_run_stops_with_one_line_and_leaves_nothing(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "diverged")
+            argv = ["--online", "--steps", "3", "--lr", "10", "--temperature", "0.05", "--updates-per-batch", "4",
+                    "--output", out]
+            code, stdout, stderr = run_main(token_objectives.main, argv)
+            self.assertEqual(code, 1)
+            self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+            self.assertIn("diverged", stderr)
+            self.assertIn("--lr", stderr)
+            self.assertFalse(os.path.exists(out))
+        with self.assertRaises(token_objectives.TrainingDiverged):
+            token_objectives.online_train(steps=3, learning_rate=10.0, temperature=0.05, updates_per_batch=4)
+
+
 class OnlineCLI(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -1820,6 +1892,35 @@ class Plotter(unittest.TestCase):
                                                   self.path("new", "chain.svg")])
         self.assertEqual(code, 0)
         self.assertTrue(os.path.isfile(self.path("new", "chain.svg")))
+
+    def test_extreme_inputs_and_outputs_give_one_line(self):
+        os.makedirs(self.path("big"))
+        write_csv(self.path("big", "ppo-chain.csv"), ["step", "expected_return", "left_probability", "value_start"],
+                  [[0, 1e308, 0.5, 0], [1, -1e308, 0.5, 0]])
+        with open(self.path("huge.json"), "w") as handle:
+            handle.write('{"dpo": {"initial_loss": ' + "1" * 401 + ', "final_loss": 1, "gradient_norm": 1}}')
+        with open(self.path("deep.json"), "w") as handle:
+            handle.write("[" * 100000 + "]" * 100000)
+        cases = [
+            (["--input", self.path("big")], 1, "cannot be drawn"),
+            (["--input", self.path("huge.json")], 1, "not a finite number"),
+            (["--input", self.path("deep.json")], 1, "not valid JSON"),
+            (["--input", "a\nb"], 1, "no such file"),
+        ]
+        out = self.path("never", "made", "f.svg")
+        for argv, status, text in cases:
+            with self.subTest(argv=argv[1][-12:]):
+                code, _, stderr = run_main(plot_results.main, argv + ["--output", out])
+                self.assertEqual(code, status)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(text, stderr)
+                self.assertFalse(os.path.exists(self.path("never")))  # a bad input creates no folder
+        chain = os.path.join(HERE, "results-chain")
+        long_name = self.path("y" * 240 + ".svg")
+        self.assertEqual(run_main(plot_results.main, ["--input", chain, "--output", long_name])[0], 0)
+        self.assertTrue(os.path.isfile(long_name))
+        code, _, stderr = run_main(plot_results.main, ["--input", chain, "--output", self.path("z" * 300 + ".svg")])
+        self.assertEqual((code, "longer than" in stderr), (2, True))
 
     def test_plotter_never_imports_torch(self):
         script = (

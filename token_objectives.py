@@ -621,8 +621,20 @@ def verify(number, tokens, truncated):
     """The rule-based reward of one response: 1 for the exact binary answer then EOS, REWARD_PARTIAL
     for a truncated response (no EOS) that starts with the right answer, 0 otherwise.
 
-    number: the prompt's int; tokens: the response's real token ids (a list, EOS included if any).
+    number: the prompt's int in 0..5; tokens: the response's real token ids (a list or tuple of ints in
+    0..2, the EOS included if any); truncated: bool, True when the response hit the length cap (then
+    it holds no EOS). Raises ValueError naming the argument for anything else.
     """
+    number = check_int("number", number, low=0, high=len(ONLINE_ANSWERS) - 1)
+    if not isinstance(tokens, (list, tuple)) or not all(
+        isinstance(token, int) and not isinstance(token, bool) and 0 <= token < len(ONLINE_VOCAB) for token in tokens
+    ):
+        raise ValueError(f"tokens: expected a list of token ids in [0, {len(ONLINE_VOCAB)}), got {tokens!r}")
+    if not isinstance(truncated, bool):
+        raise ValueError(f"truncated: expected a bool, got {type(truncated).__name__}")
+    tokens = list(tokens)
+    if truncated and ONLINE_EOS in tokens:
+        raise ValueError("truncated: a response that holds an EOS stopped; it cannot be truncated")
     answer = list(ONLINE_ANSWERS[number])
     if not truncated and tokens == answer + [ONLINE_EOS]:
         return REWARD_CORRECT
@@ -643,7 +655,13 @@ def answer_table():
 
 
 def success_probability(table, temperature):
-    """Exact mean over prompts of p(correct answer then EOS): the product of its token probabilities."""
+    """Exact mean over prompts of p(correct answer then EOS): the product of its token probabilities.
+
+    table: (P=6, R, V+1=4, V=3) float logits of the online policy; temperature in (0, 10].
+    Raises ValueError naming the argument for a bad table or temperature.
+    """
+    _check_online_table(table)
+    check_real("temperature", temperature, low=0.0, high=10.0, low_open=True)
     ids, real = answer_table()
     if ids.shape[1] > table.shape[1]:  # the cap is shorter than the longest answer + EOS
         ids, real = ids[:, : table.shape[1]], real[:, : table.shape[1]]
@@ -654,6 +672,35 @@ def success_probability(table, temperature):
         logps = online_token_logps(table[:, : ids.shape[1]], torch.arange(ids.shape[0]), ids, temperature)
         path = torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()  # (P,)
         return torch.where(reachable, path, torch.zeros_like(path)).mean().item()
+
+
+def _check_online_table(table):
+    check_tensor("table", table, ndim=4)
+    prompts, _, states, vocab = table.shape
+    if (prompts, states, vocab) != (len(ONLINE_NUMBERS), len(ONLINE_VOCAB) + 1, len(ONLINE_VOCAB)):
+        raise ValueError(
+            f"table: expected shape ({len(ONLINE_NUMBERS)}, R, {len(ONLINE_VOCAB) + 1}, {len(ONLINE_VOCAB)}), "
+            f"got {tuple(table.shape)}"
+        )
+
+
+def _check_state(state):
+    keys = ("config", "generator", "table", "reference", "optimizer", "loss_fn", "loss_kwargs")
+    if not isinstance(state, dict) or any(key not in state for key in keys):
+        raise ValueError("state: expected the dict returned by online_setup()")
+
+
+def _check_batch(batch, state):
+    if not isinstance(batch, dict) or any(key not in batch for key in _BATCH_KEYS):
+        raise ValueError("batch: expected the dict returned by online_rollout()")
+    count = state["config"]["prompts"] * state["config"]["group_size"]
+    shape = (count, state["config"]["max_new_tokens"])
+    if tuple(batch["completion_ids"].shape) != shape or tuple(batch["advantages"].shape) != (count,):
+        raise ValueError(f"batch: expected {count} responses of {shape[1]} positions, from this state's rollout")
+
+
+_BATCH_KEYS = ("prompts", "completion_ids", "real", "truncated", "rewards", "advantages", "mask", "old_logps",
+               "ref_logps", "old_logits")
 
 
 def _online_settings(config):
@@ -687,9 +734,9 @@ def online_config(**overrides):
     if unknown:
         raise ValueError(f"{unknown[0]}: not a setting of the online run (expected one of {', '.join(ONLINE_DEFAULTS)})")
     config = {**ONLINE_DEFAULTS, **overrides}
-    if config["loss"] not in ONLINE_LOSSES:
+    if not isinstance(config["loss"], str) or config["loss"] not in ONLINE_LOSSES:
         raise ValueError(f"loss: expected 'grpo' or 'cispo', got {config['loss']!r}")
-    if config["reduction"] not in ONLINE_REDUCTIONS:
+    if not isinstance(config["reduction"], str) or config["reduction"] not in ONLINE_REDUCTIONS:
         raise ValueError(f"reduction: expected one of {', '.join(ONLINE_REDUCTIONS)}, got {config['reduction']!r}")
     for name, low, high in (("steps", 1, 100_000), ("seed", 0, 2**63 - 1), ("prompts", 1, 4096),
                             ("group_size", 2, 1024), ("max_new_tokens", 1, 64), ("updates_per_batch", 1, 64)):
@@ -735,6 +782,7 @@ def online_rollout(state):
     rewards (B*G,), advantages (B*G,), mask (B*G, R) int64, old_logps / ref_logps (B*G, R) and
     old_logits (B*G, R, V), all without grad.
     """
+    _check_state(state)
     config = state["config"]
     temperature, group_size = config["temperature"], config["group_size"]
     old = state["table"].detach().clone()
@@ -763,6 +811,21 @@ def online_rollout(state):
     }
 
 
+class TrainingDiverged(FloatingPointError):
+    """The policy moved so far within one batch that a ratio or the k3 term overflows exp()."""
+
+
+def _check_exponents(logps, batch, kept):
+    """Raise TrainingDiverged before exp() of a log-ratio (ratio) or of ref - logp (k3) overflows."""
+    limit = math.log(torch.finfo(logps.dtype).max)  # about 709.8 nats in float64
+    largest = max((logps - batch["old_logps"])[kept].max().item(), (batch["ref_logps"] - logps)[kept].max().item())
+    if largest > limit:
+        raise TrainingDiverged(
+            f"a log-ratio of {largest:.0f} nats overflows exp(): the policy moved too far within one batch "
+            "(lower --lr or --updates-per-batch, or raise --temperature)"
+        )
+
+
 def online_update(state, batch):
     """`updates_per_batch` Adam steps on the GRPO or CISPO loss of one batch; returns their diagnostics.
 
@@ -771,12 +834,15 @@ def online_update(state, batch):
     ratio > 1 + eps, or A < 0 and ratio < 1 - eps; CISPO: none, it caps the weight instead);
     capped = ratio > epsilon_high.
     """
+    _check_state(state)
+    _check_batch(batch, state)
     config = state["config"]
     kept = batch["mask"].bool()
     signs = batch["advantages"].unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
     losses, ratios, naive, effective, capped = [], [], [], [], []
     for _ in range(config["updates_per_batch"]):
         logps = online_token_logps(state["table"], batch["prompts"], batch["completion_ids"], config["temperature"])
+        _check_exponents(logps.detach(), batch, kept)
         loss = state["loss_fn"](logps, batch["old_logps"], batch["ref_logps"], batch["advantages"], batch["mask"],
                                 **state["loss_kwargs"])
         state["optimizer"].zero_grad()
@@ -1056,10 +1122,17 @@ def main(argv=None):
         return 0
     config = {**ONLINE_DEFAULTS, **overrides}
     output = f"results-online-{config['loss']}-{config['reduction']}" if args.output is None else args.output
+    created = not os.path.exists(output)
     output_dir_or_exit(parser, output, ["online.csv", "online.json"])
     state = online_setup(**overrides)  # outside the clock: torch's first optimizer construction costs ~0.8 s
     started = time.perf_counter()
-    rows, report = online_run(state)
+    try:
+        rows, report = online_run(state)
+    except TrainingDiverged as error:
+        if created and not os.listdir(output):
+            os.rmdir(output)  # leave nothing behind: the folder was made for this run
+        print(f"{parser.prog}: error: training diverged: {error}", file=sys.stderr)
+        return 1
     seconds = time.perf_counter() - started
     write_text_atomic(os.path.join(output, "online.csv"), csv_text(rows, ONLINE_COLUMNS))
     write_text_atomic(os.path.join(output, "online.json"), json_text(report))
