@@ -3,7 +3,7 @@
     python plot_results.py --input results --output results/training-curves.svg
     python plot_results.py --input results-chain --output results-chain/ppo-chain.svg
     python plot_results.py --input results-tokens.json --output results-tokens.svg
-    python plot_results.py --input results-online-grpo results-online-cispo --output online.png
+    python plot_results.py --input results-online-grpo-sequence results-online-cispo-sequence --output online.png
 
 The kind of input is detected from the files present: a folder with ppo/dpo/grpo/cispo.csv
 (bandit, any subset), a folder with ppo-chain.csv (two-step chain), a token report JSON

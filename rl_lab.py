@@ -9,8 +9,8 @@ The first half of this file holds the atoms: small pure functions, each written 
 each importable (`from rl_lab import gae`). The second half assembles them into training loops on a
 4-context x 3-action bandit whose reward table is known, so every metric is computed exactly.
 
-Shape notation used everywhere in the lab: B prompts or sequences, G group size, T tokens (or time
-steps), V vocabulary, X contexts, A actions, R response positions.
+Shape notation used everywhere in the lab: B prompts or sequences, G group size, N = B*G sampled
+responses, T tokens (or time steps), V vocabulary, X contexts, A actions, R response positions.
 """
 
 from __future__ import annotations
@@ -819,10 +819,12 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     rows = [_initial_row(algorithm, logits, rewards, reference_logits)]
 
     if algorithm == "dpo":
-        rows[0]["dpo_training_loss"] = rows[0]["dpo_clean_loss"] = math.log(2.0)
         flipped = torch.randperm(pairs.shape[0], generator=generator)[:preference_flips].sort().values
         training_pairs = pairs.clone()
         training_pairs[flipped, 1], training_pairs[flipped, 2] = pairs[flipped, 2], pairs[flipped, 1]
+        with torch.no_grad():  # computed, not assumed: ln 2 only while policy = reference
+            rows[0]["dpo_training_loss"] = _dpo_batch_loss(logits, reference_logits, training_pairs).item()
+            rows[0]["dpo_clean_loss"] = _dpo_batch_loss(logits, reference_logits, pairs).item()
         settings.update({
             "preference_flips": preference_flips,
             "flipped_pair_indices": flipped.tolist(),
@@ -839,10 +841,10 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
 
 
 def _dpo_batch_loss(logits, reference_logits, pairs):
-    """Mean DPO loss over (P, 3) pairs (context, chosen, rejected); one action = one whole answer."""
+    """Mean DPO loss over (pairs, 3) rows (context, chosen, rejected); one action = one whole answer."""
     logp = F.log_softmax(logits, dim=-1)  # (X, A)
     ref_logp = F.log_softmax(reference_logits, dim=-1)
-    context, chosen, rejected = pairs[:, 0], pairs[:, 1], pairs[:, 2]  # (P,) each
+    context, chosen, rejected = pairs[:, 0], pairs[:, 1], pairs[:, 2]  # (pairs,) each
     return dpo_loss(
         logp[context, chosen], logp[context, rejected], ref_logp[context, chosen], ref_logp[context, rejected],
         beta=DPO_BETA,
@@ -915,7 +917,7 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
     ref_logp_table = F.log_softmax(reference_logits, dim=-1)  # (X, A)
     optimizer_steps = 0
     batch_actions = grpo_prompts * group_size
-    done = torch.ones(batch_actions, 1, dtype=torch.bool)  # each answer is one "token" long
+    one_token_mask = torch.ones(batch_actions, 1, dtype=torch.bool)  # each answer is one "token" long
     for step in range(1, steps + 1):
         # rollout: B contexts, then G answers each from the old policy, in one multinomial call
         old_logits = logits.detach().clone()
@@ -943,7 +945,7 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
             else:
                 # an answer is a one-token sequence; beta=0 because the exact KL below replaces k3
                 policy_loss = cispo_policy_loss(
-                    logp.unsqueeze(1), old_logp.unsqueeze(1), ref_logp.unsqueeze(1), advantages, done,
+                    logp.unsqueeze(1), old_logp.unsqueeze(1), ref_logp.unsqueeze(1), advantages, one_token_mask,
                     epsilon_high=EPSILON_HIGH, beta=0.0,
                 )
             kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts]).mean()
@@ -991,6 +993,7 @@ def _rounded(values, digits=12):
     return round(values, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
+@torch.enable_grad()  # the examples differentiate, even when the caller runs under torch.no_grad()
 def atomic_demo():
     """Small inputs with known answers for every atom; returns a JSON-ready dict of lists and floats."""
     t = lambda values, **kw: torch.tensor(values, dtype=DTYPE, **kw)  # noqa: E731 (a local shorthand)
@@ -1201,6 +1204,7 @@ def main(argv=None):
         return 0
     algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
     output_dir_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
+    summary = []  # printed only once every file is written: a closed stdout pipe then loses nothing
     for algorithm in algorithms:
         rows, settings = train(
             algorithm, steps=args.steps, seed=args.seed, group_size=args.group_size,
@@ -1212,11 +1216,12 @@ def main(argv=None):
         write_text_atomic(csv_path, csv_text(rows, columns))
         write_text_atomic(json_path, json_text({"settings": settings, "initial": rows[0], "final": rows[-1]}))
         first, last = rows[0], rows[-1]
-        print(
+        summary.append(
             f"{algorithm:5s} expected_reward {first['expected_reward']:.4f} -> {last['expected_reward']:.4f}  "
             f"best_action_probability {last['best_action_probability']:.4f}  kl_reference {last['kl_reference']:.4f}  "
             f"optimizer_steps {last['optimizer_steps']}  -> {csv_path}, {json_path}"
         )
+    print("\n".join(summary))
     return 0
 
 

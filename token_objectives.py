@@ -811,6 +811,27 @@ def online_rollout(state):
     }
 
 
+def clip_diagnostics(ratio, advantages, loss, epsilon, epsilon_high):
+    """Shares of tokens, for ratios (K,) and their sequences' advantages (K,):
+
+    - clip_fraction_naive: |ratio - 1| > epsilon, the usual PPO count;
+    - clip_fraction_effective: tokens whose policy-gradient term the loss zeroes. GRPO's PPO-Clip zeroes
+      it only on the side the policy already moved toward: A > 0 and ratio > 1 + eps, or A < 0 and
+      ratio < 1 - eps (the other side keeps the unclipped branch and its gradient). CISPO never zeroes
+      it: 0. (The k3 term still passes gradient in both.)
+    - capped_fraction: ratio > epsilon_high, where CISPO caps the detached weight; for GRPO only a count.
+    """
+    if loss == "grpo":
+        zeroed = ((advantages > 0) & (ratio > 1.0 + epsilon)) | ((advantages < 0) & (ratio < 1.0 - epsilon))
+    else:
+        zeroed = torch.zeros_like(ratio, dtype=torch.bool)
+    return {
+        "clip_fraction_naive": ((ratio - 1.0).abs() > epsilon).double().mean().item(),
+        "clip_fraction_effective": zeroed.double().mean().item(),
+        "capped_fraction": (ratio > epsilon_high).double().mean().item(),
+    }
+
+
 class TrainingDiverged(FloatingPointError):
     """The policy moved so far within one batch that a ratio or the k3 term overflows exp()."""
 
@@ -829,17 +850,16 @@ def _check_exponents(logps, batch, kept):
 def online_update(state, batch):
     """`updates_per_batch` Adam steps on the GRPO or CISPO loss of one batch; returns their diagnostics.
 
-    Ratios and clip fractions are those each pass's loss saw (before its step), over kept tokens:
-    naive = |ratio - 1| > eps; effective = tokens whose gradient the clip zeroes (GRPO: A > 0 and
-    ratio > 1 + eps, or A < 0 and ratio < 1 - eps; CISPO: none, it caps the weight instead);
-    capped = ratio > epsilon_high.
+    Ratios and clip fractions are those each pass's loss saw (before its step), over kept tokens,
+    averaged over the passes; see `clip_diagnostics` for the three fractions.
     """
     _check_state(state)
     _check_batch(batch, state)
     config = state["config"]
     kept = batch["mask"].bool()
     signs = batch["advantages"].unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
-    losses, ratios, naive, effective, capped = [], [], [], [], []
+    losses, ratios = [], []
+    diagnostics = {"clip_fraction_naive": [], "clip_fraction_effective": [], "capped_fraction": []}
     for _ in range(config["updates_per_batch"]):
         logps = online_token_logps(state["table"], batch["prompts"], batch["completion_ids"], config["temperature"])
         _check_exponents(logps.detach(), batch, kept)
@@ -851,26 +871,19 @@ def online_update(state, batch):
         state["optimizer"].step()
         state["optimizer_steps"] += 1
         with torch.no_grad():
-            ratio = (logps.detach() - batch["old_logps"]).exp()[kept]  # (kept,)
-            if config["loss"] == "grpo":
-                zeroed = ((signs > 0) & (ratio > 1.0 + config["epsilon"])) | (
-                    (signs < 0) & (ratio < 1.0 - config["epsilon"]))
-            else:
-                zeroed = torch.zeros_like(ratio, dtype=torch.bool)
+            ratio = (logps.detach() - batch["old_logps"]).exp()[kept]  # (kept,): the ratios this pass's loss saw
         losses.append(loss.item())
         ratios.append(ratio)
-        naive.append(((ratio - 1.0).abs() > config["epsilon"]).double().mean().item())
-        effective.append(zeroed.double().mean().item())
-        capped.append((ratio > config["epsilon_high"]).double().mean().item())
+        for name, value in clip_diagnostics(ratio, signs, config["loss"], config["epsilon"],
+                                            config["epsilon_high"]).items():
+            diagnostics[name].append(value)
     passes = len(losses)
     all_ratios = torch.cat(ratios)
     return {
         "loss": math.fsum(losses) / passes,
         "ratio_min": all_ratios.min().item(),
         "ratio_max": all_ratios.max().item(),
-        "clip_fraction_naive": math.fsum(naive) / passes,
-        "clip_fraction_effective": math.fsum(effective) / passes,
-        "capped_fraction": math.fsum(capped) / passes,
+        **{name: math.fsum(values) / passes for name, values in diagnostics.items()},
     }
 
 
