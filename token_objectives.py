@@ -28,7 +28,6 @@ P prompt tokens, R completion positions.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
