@@ -588,7 +588,12 @@ def completion_logits(table, prompts, completion_ids, temperature):
 
 def online_token_logps(table, prompts, completion_ids, temperature):
     """(N, R) log-prob of every completion token under `table` (PAD positions included; masks drop them)."""
-    logp = torch.log_softmax(completion_logits(table, prompts, completion_ids, temperature), dim=-1)  # (N, R, V)
+    return logps_of_tokens(completion_logits(table, prompts, completion_ids, temperature), completion_ids)
+
+
+def logps_of_tokens(logits, completion_ids):
+    """(N, R) log-prob of each token in completion_ids under (N, R, V) logits."""
+    logp = torch.log_softmax(logits, dim=-1)  # (N, R, V)
     return logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, R, 1) -> (N, R)
 
 
@@ -801,7 +806,7 @@ def online_rollout(state):
     with torch.no_grad():
         # cached once, from the same tempered logits the update uses: the ratio is exactly 1 at first
         old_logits = completion_logits(old, prompts, completion_ids, temperature)  # (B*G, R, V)
-        old_logps = online_token_logps(old, prompts, completion_ids, temperature)
+        old_logps = logps_of_tokens(old_logits, completion_ids)  # the same ops as online_token_logps(old, ...)
         ref_logps = online_token_logps(state["reference"], prompts, completion_ids, temperature)
     return {
         "prompts": prompts, "completion_ids": completion_ids, "real": real, "truncated": truncated,
