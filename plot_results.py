@@ -13,27 +13,44 @@ follows the --output extension: .svg (deterministic bytes) or .png.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
-import math
-import os
-import sys
-import uuid
-import warnings
+from lab_io import exit_quietly_on_signals
 
-import matplotlib
+if __name__ == "__main__":  # first: a Ctrl-C while matplotlib loads below ends with one line
+    exit_quietly_on_signals()
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+
+from lab_io import OneLineErrorParser, one_line, output_file_problem, run_cli, write_files  # noqa: E402
+
+# Without a writable home, matplotlib makes itself a temporary config and cache folder (removed at exit)
+# and logs a warning about it that would break the one-line stderr: that warning is silenced here.
+_matplotlib_log = logging.getLogger("matplotlib")
+_previous_level = _matplotlib_log.level
+_matplotlib_log.setLevel(logging.ERROR)
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only, no screen needed
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402  (installed with matplotlib)
 from matplotlib.patches import Patch  # noqa: E402
 
+_matplotlib_log.setLevel(_previous_level)
+
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 COLORS = {"ppo": "#1f77b4", "dpo": "#d62728", "grpo": "#2ca02c", "cispo": "#9467bd"}
 INITIAL_EXPECTED_REWARD = (1.0 + 0.2 - 0.5) / 3
 CHAIN_INITIAL_RETURN = 0.3
 FORMATS = (".svg", ".png")
+MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
 
 
 class PlotInputError(Exception):
@@ -45,12 +62,26 @@ class PlotInputError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_input_file(path):
+    """Refuse what is not a regular file of a sane size before opening it: a FIFO would block forever
+    and /dev/zero would never end."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise PlotInputError(f"{path}: cannot read ({error.strerror or error})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise PlotInputError(f"{path}: not a regular file")
+    if info.st_size > MAX_INPUT_BYTES:
+        raise PlotInputError(f"{path}: {info.st_size} bytes, far larger than any output of the lab")
+
+
 def read_csv(path, required_columns):
     """Read a metrics CSV into {column: list of floats}; check columns, rows, finiteness, steps.
 
-    Raises PlotInputError naming the file when a column is missing, there are no data rows, a value
-    is not a finite number or the step column does not strictly increase.
+    Raises PlotInputError naming the file when it is not a regular file, a column is missing, there
+    are no data rows, a value is not a finite number or the step column does not strictly increase.
     """
+    _check_input_file(path)
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
@@ -85,6 +116,7 @@ def read_csv(path, required_columns):
 
 
 def read_json(path):
+    _check_input_file(path)
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -264,14 +296,10 @@ def plot_online(folders):
     return figure
 
 
-class PlotOutputError(Exception):
-    """The figure file cannot be written: reported as one line naming --output, exit status 2."""
-
-
 def render(inputs, output):
     """Draw the figure for `inputs` (list of paths) into `output`.
 
-    Raises PlotInputError for bad input (nothing is written) and PlotOutputError when the file
+    Raises PlotInputError for bad input (nothing is written) and lab_io.WriteFailed when the file
     cannot be written (no partial file is left).
     """
     kinds = [detect_kind(path) for path in inputs]
@@ -298,53 +326,37 @@ def render(inputs, output):
     return kind
 
 
-def save(figure, output):
-    """Save deterministically (no date in SVG/PNG metadata, fixed SVG id salt) via a temporary file.
-
-    The output folder is created here, after the inputs were read, so a bad input leaves nothing.
-    """
-    extension = os.path.splitext(output)[1].lower()
-    folder = os.path.dirname(os.path.abspath(output))
-    temporary = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:16]}{extension}")  # short: the name may be long
+def figure_bytes(figure, extension):
+    """The figure as .svg or .png bytes, deterministic (no date in the metadata, a fixed SVG id salt)."""
+    buffer = io.BytesIO()
     metadata = {"Date": None} if extension == ".svg" else {"Software": None}
     try:
-        os.makedirs(folder, exist_ok=True)
         with matplotlib.rc_context({"svg.hashsalt": "rl-lab", "svg.fonttype": "none"}):
-            figure.savefig(temporary, metadata=metadata, dpi=120)
-        os.replace(temporary, output)
-    except OSError as error:
-        raise PlotOutputError(f"cannot write {output!r}: {error.strerror or error}") from None
+            figure.savefig(buffer, format=extension[1:], metadata=metadata, dpi=120)
     finally:
         plt.close(figure)
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    return buffer.getvalue()
+
+
+def save(figure, output):
+    """Write the figure to `output` whole (lab_io.write_files); its folder is created only now, after
+    the inputs were read, so a bad input leaves nothing."""
+    data = figure_bytes(figure, os.path.splitext(output)[1].lower())
+    write_files({output: data})
 
 
 def output_problem(output):
     """A one-line reason why `output` cannot be a figure file, checked without creating anything."""
     if os.path.splitext(output)[1].lower() not in FORMATS:
         return f"expected a file name ending in .svg or .png, got {output!r}"
-    if os.path.isdir(output):
-        return f"{output!r} is a folder, expected a file name"
-    folder = os.path.dirname(os.path.abspath(output))
-    existing = folder
-    while not os.path.exists(existing):  # the nearest folder that exists decides
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{existing!r} is not a folder"
-    if len(os.fsencode(os.path.basename(output))) > os.pathconf(existing, "PC_NAME_MAX"):
-        return f"file name {os.path.basename(output)[:40]!r}... is longer than this filesystem allows"
-    if existing == folder and not os.access(folder, os.W_OK):
-        return f"folder {folder!r} is not writable"
-    return None
+    return output_file_problem(output)
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="plot_results.py",
         description="Redraw figures from the lab's CSV/JSON outputs (kind detected from the files).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
     )
     parser.add_argument("--input", nargs="+", default=["results"],
                         help="a bandit or chain output folder, a token report .json, or one or more online run folders")
@@ -354,14 +366,8 @@ def build_parser():
     return parser
 
 
-def one_line(text):
-    return " ".join(str(text).splitlines())
-
-
 def main(argv=None):
     parser = build_parser()
-    # rl_lab.OneLineErrorParser would import torch with rl_lab; the plotter stays torch-free
-    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {one_line(message)} (see --help)\n")
     args = parser.parse_args(argv)
     problem = output_problem(args.output)
     if problem is not None:
@@ -371,15 +377,9 @@ def main(argv=None):
     except PlotInputError as error:
         print(f"{parser.prog}: error: {one_line(error)}", file=sys.stderr)
         return 1
-    except PlotOutputError as error:
-        parser.error(f"argument --output: {one_line(error)}")
     print(f"{kind} figure from {', '.join(args.input)} -> {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:  # `... | head`: the figure is already written
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    sys.exit(run_cli(main))

@@ -19,34 +19,30 @@ Shape notation (as in rl_lab.py): S states, A actions, E episodes per batch, T =
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
+from lab_io import exit_quietly_on_signals
 
-import torch
-import torch.nn.functional as F
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    exit_quietly_on_signals()
 
-from rl_lab import (
-    DEVICE,
-    DTYPE,
-    MAX_STEPS,
-    SEED_LIMIT,
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from lab_checks import check_int, check_real, check_tensor, torch_threads  # noqa: E402
+from lab_io import (  # noqa: E402
     OneLineErrorParser,
-    categorical_kl,
-    check_int,
-    check_real,
-    check_tensor,
-    clipped_policy_loss,
     csv_text,
     float_flag,
-    gae,
     int_flag,
     json_text,
-    output_dir_or_exit,
+    output_folder_or_exit,
     run_cli,
-    torch_threads,
-    write_text_atomic,
+    write_files,
 )
+from rl_lab import DEVICE, DTYPE, MAX_STEPS, SEED_LIMIT, categorical_kl, clipped_policy_loss, gae  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Setup
@@ -363,12 +359,11 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    output_dir_or_exit(parser, args.output, ["ppo-chain.csv", "ppo-chain.json"])
+    output_folder_or_exit(parser, args.output, ["ppo-chain.csv", "ppo-chain.json"])
     rows, report = train(steps=args.steps, seed=args.seed, gae_lambda=args.gae_lambda)
     csv_path = os.path.join(args.output, "ppo-chain.csv")
     json_path = os.path.join(args.output, "ppo-chain.json")
-    write_text_atomic(csv_path, csv_text(rows, COLUMNS))
-    write_text_atomic(json_path, json_text(report))
+    write_files({csv_path: csv_text(rows, COLUMNS), json_path: json_text(report)})  # both or neither
     first, last = rows[0], rows[-1]
     print(
         f"ppo-chain expected_return {first['expected_return']:.4f} -> {last['expected_return']:.4f}  "

@@ -15,133 +15,41 @@ responses, T tokens (or time steps), V vocabulary, X contexts, A actions, R resp
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import csv
-import io
-import json
-import math
-import os
-import re
-import sys
-import uuid
+from lab_io import exit_quietly_on_signals
 
-import torch
-import torch.nn.functional as F
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    exit_quietly_on_signals()
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from lab_checks import (  # noqa: E402
+    check_int,
+    exp_limit,
+    check_real,
+    check_same_dtype,
+    check_same_shape,
+    check_tensor,
+    torch_threads,
+)
+from lab_io import (  # noqa: E402
+    OneLineErrorParser,
+    csv_text,
+    int_flag,
+    json_text,
+    output_folder_or_exit,
+    run_cli,
+    write_files,
+)
 
 DTYPE = torch.float64
 DEVICE = torch.device("cpu")
 SEED_LIMIT = 2**63
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks shared by the atoms and the drivers
-# ---------------------------------------------------------------------------------------------
-
-
-def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
-    """Validate one tensor argument and return it.
-
-    kind: "float" (floating dtype, every value finite), "any_float" (floating dtype, values not checked),
-    "int" (integer dtype, not bool),
-    "bool" (bool dtype) or "mask" (bool, integer or floating with every value 0 or 1).
-    Raises ValueError naming `name` when the value is not a tensor, has the wrong kind or number
-    of dimensions, is empty (unless allow_empty) or holds a non-finite value.
-    """
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
-    if ndim is not None and value.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(value.shape)}")
-    if not allow_empty and value.numel() == 0:
-        raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(value.shape)}")
-    if kind == "float":
-        if not value.is_floating_point():
-            raise ValueError(f"{name}: expected a floating-point tensor, got {value.dtype}")
-        if not bool(torch.isfinite(value.detach()).all()):
-            raise ValueError(f"{name}: expected finite values, found NaN or inf")
-    elif kind == "any_float":  # floating, values checked by the caller (e.g. only where a mask keeps them)
-        if not value.is_floating_point():
-            raise ValueError(f"{name}: expected a floating-point tensor, got {value.dtype}")
-    elif kind == "int":
-        # uint8 is refused too: indexing with a uint8 tensor treats it as a boolean mask, not as ids
-        if value.dtype in (torch.bool, torch.uint8) or value.is_floating_point() or value.is_complex():
-            raise ValueError(f"{name}: expected a signed integer tensor (int64), got {value.dtype}")
-    elif kind == "bool":
-        if value.dtype != torch.bool:
-            raise ValueError(f"{name}: expected a bool tensor, got {value.dtype}")
-    elif kind == "mask":
-        if value.is_complex():
-            raise ValueError(f"{name}: expected a 0/1 mask, got {value.dtype}")
-        if value.dtype != torch.bool:
-            detached = value.detach()
-            if not bool(((detached == 0) | (detached == 1)).all()):
-                raise ValueError(f"{name}: expected only 0/1 (or True/False) values")
-    else:  # a programming error in the lab itself, not bad user input
-        raise AssertionError(f"unknown tensor kind {kind!r}")
-    return value
-
-
-def check_same_shape(names_and_tensors):
-    """Raise ValueError unless every tensor in [(name, tensor), ...] has the first one's shape."""
-    first_name, first = names_and_tensors[0]
-    for name, tensor in names_and_tensors[1:]:
-        if tensor.shape != first.shape:
-            raise ValueError(
-                f"{name}: expected the shape of {first_name} {tuple(first.shape)}, got {tuple(tensor.shape)}"
-            )
-
-
-def check_same_dtype(names_and_tensors):
-    """Raise ValueError unless every floating tensor in [(name, tensor), ...] shares one dtype."""
-    first_name, first = names_and_tensors[0]
-    for name, tensor in names_and_tensors[1:]:
-        if tensor.dtype != first.dtype:
-            raise ValueError(f"{name}: expected dtype {first.dtype} like {first_name}, got {tensor.dtype}")
-
-
-def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False):
-    """Validate a real scalar (int or float, not bool, finite) within [low, high] and return it as float.
-
-    low_open / high_open make that end of the range exclusive. Raises ValueError naming `name`.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a real number, got {type(value).__name__}")
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond the float range
-        raise ValueError(f"{name}: expected a finite number, got an integer with {len(str(abs(value)))} digits") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name}: expected a finite number, got {value}")
-    if low is not None and (value < low or (low_open and value == low)):
-        raise ValueError(f"{name}: expected a value {'>' if low_open else '>='} {low}, got {value}")
-    if high is not None and (value > high or (high_open and value == high)):
-        raise ValueError(f"{name}: expected a value {'<' if high_open else '<='} {high}, got {value}")
-    return value
-
-
-def check_int(name, value, *, low=None, high=None):
-    """Validate an integer argument (a Python int, never bool or float) within [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {value}")
-    return value
-
-
-@contextlib.contextmanager
-def torch_threads(count):
-    """Run a block (or, as a decorator, a function) with `count` torch threads, then restore the count.
-
-    The lab's tensors hold a few dozen numbers: extra OpenMP threads only add waiting, and on a busy
-    machine a tiny softmax then takes milliseconds instead of microseconds (a 3 s run took 45 s).
-    One thread gives the same bytes.
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,7 +74,13 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2):
         (...) per-element loss, no reduction.
     Raises:
         ValueError naming the argument for a non-tensor, empty, non-finite, mismatched shape/dtype
-        or an epsilon outside [0, 1).
+        or an epsilon outside [0, 1); and for a loss that overflows the dtype: an element with A < 0
+        whose log-ratio exceeds `exp_limit` (about 708.8 nats in float64, 87.7 in float32, 10.1 in
+        float16), where the unclipped branch -A * ratio is the loss and is not representable.
+
+    Extreme but finite log-ratios are safe where the clip decides the value: the log-ratio is clamped
+    at `exp_limit` before exp(), so A > 0 with a huge ratio gives the clipped -(1 + eps) * A and a
+    zero gradient, and A = 0 gives 0 (never inf * 0 = NaN). Below the limit nothing changes.
     """
     for name, value in (("logp", logp), ("old_logp", old_logp), ("advantages", advantages)):
         check_tensor(name, value)
@@ -177,7 +91,14 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2):
     old_logp = old_logp.detach()
     advantages = advantages.detach()
     logratio = logp - old_logp
-    ratio = logratio.exp()
+    limit = exp_limit(logratio.dtype)
+    if bool((logratio.detach() > limit).any()) and bool(((logratio.detach() > limit) & (advantages < 0)).any()):
+        raise ValueError(
+            f"logp: logp - old_logp exceeds {limit:.1f} nats on an element with advantages < 0, where the loss "
+            f"-A * exp(logp - old_logp) overflows {logratio.dtype}"
+        )
+    # clamped before exp(): beyond the limit only A >= 0 elements remain, whose value the clip decides
+    ratio = logratio.clamp(max=limit).exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
     # max of the negatives == -min of the objectives: the pessimistic bound of eq. 7
@@ -225,7 +146,8 @@ def group_advantages(rewards, epsilon=1e-8):
         (B, G) advantages without grad, same dtype. A row whose rewards are all equal gives exact
         zeros (set explicitly: the float mean of equal values need not equal them bit for bit).
     Raises:
-        ValueError naming the argument for a non-2-D or non-finite tensor, G < 2, epsilon <= 0.
+        ValueError naming the argument for a non-2-D or non-finite tensor, G < 2, epsilon <= 0, or
+        rewards so large that their std overflows the dtype (in float64 beyond about 1e153 in magnitude).
     """
     check_tensor("rewards", rewards, ndim=2)
     if rewards.shape[1] < 2:
@@ -234,6 +156,9 @@ def group_advantages(rewards, epsilon=1e-8):
     rewards = rewards.detach()
     mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
     population_std = rewards.std(dim=1, correction=0, keepdim=True)  # (B, 1), divides by G
+    if not bool(torch.isfinite(population_std).all() and torch.isfinite(mean).all()):
+        # the squares overflowed: dividing by an inf std would turn every advantage into 0
+        raise ValueError(f"rewards: values too large, their std overflows {rewards.dtype} (rescale the rewards)")
     constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
     centered = torch.where(constant_group, torch.zeros_like(rewards), rewards - mean)
     return centered / (population_std + epsilon)
@@ -300,7 +225,8 @@ def token_kl_penalty(policy_logps, ref_logps):
     Returns:
         (...) per-token k3 values.
     Raises:
-        ValueError naming the argument for bad tensors or mismatched shape/dtype.
+        ValueError naming the argument for bad tensors or mismatched shape/dtype, or when
+        ref_logps - policy_logps exceeds `exp_limit` (about 708.8 nats in float64): exp() overflows.
     """
     pairs = [("policy_logps", policy_logps), ("ref_logps", ref_logps)]
     for name, value in pairs:
@@ -308,6 +234,12 @@ def token_kl_penalty(policy_logps, ref_logps):
     check_same_shape(pairs)
     check_same_dtype(pairs)
     delta = ref_logps.detach() - policy_logps
+    limit = exp_limit(delta.dtype)
+    if bool((delta.detach() > limit).any()):
+        raise ValueError(
+            f"policy_logps: ref_logps - policy_logps exceeds {limit:.1f} nats, so k3 = exp(delta) - delta - 1 "
+            f"overflows {delta.dtype}"
+        )
     return delta.exp() - delta - 1.0
 
 
@@ -322,7 +254,7 @@ def response_token_logps(logits, input_ids, response_mask):
 
     Args:
         logits: (B, T, V) float, T >= 2.
-        input_ids: (B, T) int64 token ids in [0, V).
+        input_ids: (B, T) signed integer token ids in [0, V) (int8 to int64; compared and gathered in int64).
         response_mask: (B, T) bool, True on response tokens (a real EOS included), False on the
             prompt and on padding. Decide it by position, never by `ids != eos_id`: when EOS and PAD
             share an id that drops the real EOS.
@@ -344,6 +276,7 @@ def response_token_logps(logits, input_ids, response_mask):
         )
     if length < 2:
         raise ValueError(f"logits: expected at least 2 positions (T >= 2) for the causal shift, got T={length}")
+    input_ids = input_ids.long()  # a narrow dtype would wrap round V (int16 cannot hold 40000)
     if bool(((input_ids < 0) | (input_ids >= vocab)).any()):
         raise ValueError(f"input_ids: expected ids in [0, {vocab}), got values outside")
     if bool(response_mask[:, 0].any()):
@@ -352,7 +285,7 @@ def response_token_logps(logits, input_ids, response_mask):
     if not bool(valid.any(dim=1).all()):
         raise ValueError("response_mask: every row needs at least one response token")
     logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
-    targets = input_ids[:, 1:].long()  # (B, T-1)
+    targets = input_ids[:, 1:]  # (B, T-1)
     token_logps = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1, 1) -> (B, T-1)
     # where(), not multiplication: a masked position then contributes exactly 0 and no gradient
     token_logps = torch.where(valid, token_logps, torch.zeros_like(token_logps))
@@ -435,11 +368,13 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
         per_token_loss: (N, R) float.
         completion_mask: (N, R) 0/1 of bool, int or float dtype.
         reduction: "sequence", "token" or "constant".
-        max_new_tokens: int >= 1, required for "constant" (R is used when None).
+        max_new_tokens: int >= 1, the cap on a completion's length, for "constant" (R is used when
+            None); a row with more kept tokens than the cap is an error.
     Returns:
         scalar tensor.
     Raises:
-        ValueError naming the argument for bad tensors, shapes or an unknown reduction.
+        ValueError naming the argument for bad tensors, shapes, an unknown reduction or a
+        max_new_tokens below the longest completion.
     """
     check_tensor("per_token_loss", per_token_loss, kind="any_float", ndim=2)
     check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
@@ -459,6 +394,10 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
     if reduction == "constant":
         if max_new_tokens is None:
             max_new_tokens = per_token_loss.shape[1]
+        longest = int(mask.sum(dim=1).max().item())
+        if longest > max_new_tokens:
+            raise ValueError(f"max_new_tokens: expected at least the longest completion ({longest} tokens), "
+                             f"got {max_new_tokens}")
         return masked.sum() / (per_token_loss.shape[0] * max_new_tokens)
     raise ValueError(f"reduction: expected 'sequence', 'token' or 'constant', got {reduction!r}")
 
@@ -546,7 +485,8 @@ def cispo_policy_loss(
     epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, low_open=True)
     check_real("beta", beta, low=0.0)
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
-    ratio = (policy_logps - old_logps.detach()).exp()
+    logratio = policy_logps - old_logps.detach()
+    ratio = logratio.clamp(max=exp_limit(logratio.dtype)).exp()  # a huge ratio is capped below anyway
     # detached: the weight scales the score-function gradient but is not differentiated itself
     weight = ratio.clamp(max=epsilon_high).detach()
     policy_term = weight * advantages.detach().unsqueeze(1) * policy_logps  # (N,) -> (N, 1) -> (N, R)
@@ -562,7 +502,8 @@ def completion_mask(completion_ids, eos_token_id, pad_mask=None):
     after the answer stopped) are dropped; a row without EOS keeps all its real positions.
 
     Args:
-        completion_ids: (N, R) integer token ids of the sampled completions.
+        completion_ids: (N, R) signed integer token ids of the sampled completions (int8 to int64;
+            compared in int64, so an eos_token_id beyond the dtype's range never wraps round).
         eos_token_id: int, the EOS id (it may equal the PAD id: the position decides).
         pad_mask: optional (N, R) bool/0-1, True on real (non-padding) positions, as the rollout's
             padding mask in the lesson; None means no padding. An EOS on a padding position is ignored.
@@ -579,89 +520,12 @@ def completion_mask(completion_ids, eos_token_id, pad_mask=None):
         check_tensor("pad_mask", pad_mask, kind="mask", ndim=2)
         check_same_shape([("completion_ids", completion_ids), ("pad_mask", pad_mask)])
         real = pad_mask.bool()
-    is_eos = (completion_ids == eos_token_id) & real  # (N, R)
+    is_eos = (completion_ids.long() == eos_token_id) & real  # (N, R), int64: 300 must not match an int8 44
     length = completion_ids.shape[1]
     has_eos = is_eos.any(dim=1)  # (N,)
     first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, length - 1, dtype=torch.long))
     positions = torch.arange(length).expand_as(completion_ids)  # (R,) -> (N, R)
     return ((positions <= first_eos.unsqueeze(1)) & real).long()
-
-
-# ---------------------------------------------------------------------------------------------
-# Output helpers (shared by every driver)
-# ---------------------------------------------------------------------------------------------
-
-
-def write_text_atomic(path, text):
-    """Write `text` (UTF-8, '\\n' line ends) to `path` through a temporary file in the same folder.
-
-    The rename is atomic, so a reader or an interrupted run never sees a truncated file.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    # a fresh name opened with "x" (not mkstemp, whose 0600 mode would survive the rename): the umask applies
-    tmp_path = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:16]}")  # short: the target name may be long
-    try:
-        with open(tmp_path, "x", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
-        raise
-
-
-def csv_text(rows, columns):
-    """Rows (dicts) as CSV text: header, one line per row, floats as Python repr, '\\n' line ends."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        writer.writerow([repr(row[name]) if isinstance(row[name], float) else row[name] for name in columns])
-    return buffer.getvalue()
-
-
-def json_text(obj):
-    """Deterministic JSON text (indent 2, insertion order, NaN/inf refused, trailing newline)."""
-    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
-
-
-def prepare_output_dir(path, filenames=()):
-    """Create the output folder and prove a file can be written there; return None or a one-line reason.
-
-    filenames: the files the run will write into the folder; one that exists as a folder is refused
-    now, before any work, rather than after the training.
-    """
-    if not path.strip():
-        return f"expected a folder name, got {path!r}"
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{path!r} exists and is not a folder"
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as error:
-        return f"cannot create {path!r}: {error.strerror or error}"
-    name_max = os.pathconf(path, "PC_NAME_MAX")
-    for name in filenames:
-        if len(os.fsencode(name)) > name_max:
-            return f"file name {name[:40]!r}... is longer than the {name_max} bytes this filesystem allows"
-        if os.path.isdir(os.path.join(path, name)):
-            return f"{os.path.join(path, name)!r} is a folder, so the file cannot be written"
-    probe = os.path.join(path, f".tmp-{uuid.uuid4().hex[:16]}")
-    try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
-        with open(probe, "x", encoding="utf-8"):
-            pass
-        os.unlink(probe)
-    except OSError as error:
-        return f"cannot write into {path!r}: {error.strerror or error}"
-    return None
-
-
-def prepare_output_file(path):
-    """Create the folder of an output file; return None on success or a one-line reason it cannot be used."""
-    if not path.strip() or os.path.basename(path) == "":
-        return f"expected a file path, got {path!r}"
-    if os.path.isdir(path):
-        return f"{path!r} is a folder, expected a file path"
-    return prepare_output_dir(os.path.dirname(path) or ".", [os.path.basename(path)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1099,72 +963,8 @@ def atomic_demo():
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line (shared parsing helpers first, then the bandit's CLI)
+# Command line
 # ---------------------------------------------------------------------------------------------
-
-
-_INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
-_FLOAT_SYNTAX = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse parser whose errors are one line on stderr ('prog: error: ...') and exit status 2."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)  # '--step' is not '--steps': every flag is spelled out
-        super().__init__(*args, **kwargs)
-
-    def error(self, message):
-        one_line = " ".join(message.split("\n"))  # a value holding a newline must not split the line
-        self.exit(2, f"{self.prog}: error: {one_line} (see --help)\n")
-
-
-def int_flag(low, high):
-    """argparse type: a decimal integer in [low, high] (no floats, no bools)."""
-
-    def parse(text):
-        # int() alone would also take ' 3', '+3', '1_0' and non-ASCII digits
-        # (and more than 4300 digits would exceed int()'s own limit: no valid value here is that long)
-        if not _INTEGER_SYNTAX.fullmatch(text) or len(text) > 40:
-            shown = text if len(text) <= 40 else text[:20] + "..."
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {shown!r}")
-        value = int(text, 10)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
-        return value
-
-    return parse
-
-
-def float_flag(low, high, *, low_open=False, high_open=False):
-    """argparse type: a finite float in the range [low, high] (ends made open by low_open/high_open)."""
-    interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-
-    def parse(text):
-        if not _FLOAT_SYNTAX.fullmatch(text):  # plain ASCII decimal notation; no 'nan', 'inf' or '1_0'
-            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
-        value = float(text)
-        if not math.isfinite(value) or value < low or value > high or (low_open and value == low) or (
-            high_open and value == high
-        ):
-            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
-        return value
-
-    return parse
-
-
-def output_dir_or_exit(parser, path, filenames=(), flag="--output"):
-    """Create the output folder before any work, or exit 2 with one line naming the flag."""
-    problem = prepare_output_dir(path, filenames)
-    if problem is not None:
-        parser.error(f"argument {flag}: {problem}")
-
-
-def output_file_or_exit(parser, path, flag="--output"):
-    """Create the folder of an output file before any work, or exit 2 with one line naming the flag."""
-    problem = prepare_output_file(path)
-    if problem is not None:
-        parser.error(f"argument {flag}: {problem}")
 
 
 def build_parser():
@@ -1203,8 +1003,8 @@ def main(argv=None):
         print(json_text(atomic_demo()), end="")
         return 0
     algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
-    output_dir_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
-    summary = []  # printed only once every file is written: a closed stdout pipe then loses nothing
+    output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
+    files, summary = {}, []
     for algorithm in algorithms:
         rows, settings = train(
             algorithm, steps=args.steps, seed=args.seed, group_size=args.group_size,
@@ -1213,31 +1013,30 @@ def main(argv=None):
         columns = DPO_COLUMNS if algorithm == "dpo" else COLUMNS
         csv_path = os.path.join(args.output, f"{algorithm}.csv")
         json_path = os.path.join(args.output, f"{algorithm}.json")
-        write_text_atomic(csv_path, csv_text(rows, columns))
-        write_text_atomic(json_path, json_text({"settings": settings, "initial": rows[0], "final": rows[-1]}))
-        first, last = rows[0], rows[-1]
-        summary.append(
-            f"{algorithm:5s} expected_reward {first['expected_reward']:.4f} -> {last['expected_reward']:.4f}  "
-            f"best_action_probability {last['best_action_probability']:.4f}  kl_reference {last['kl_reference']:.4f}  "
-            f"optimizer_steps {last['optimizer_steps']}  -> {csv_path}, {json_path}"
-        )
-    print("\n".join(summary))
+        files[csv_path] = csv_text(rows, columns)
+        files[json_path] = json_text({"settings": settings, "initial": rows[0], "final": rows[-1]})
+        summary.append(summary_line(algorithm, rows, settings) + f"  -> {csv_path}, {json_path}")
+    # every algorithm's files together, after all the training: an interrupted run leaves the old folder whole
+    write_files(files)
+    print("\n".join(summary))  # printed after the files: a closed stdout pipe then loses nothing
     return 0
 
 
-def run_cli(main_function):
-    """Run a driver's main() as a program: a closed stdout pipe (`... | head`) ends it quietly (status 1;
-    every file is written before anything is printed, so nothing is lost), and Ctrl-C prints one line
-    (status 130) instead of a traceback.
-    """
-    try:
-        return main_function()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
-        return 1
-    except KeyboardInterrupt:  # files are only ever replaced whole
-        print("interrupted: files already written are complete, none is half-written", file=sys.stderr)
-        return 130
+def summary_line(algorithm, rows, settings):
+    """One line per trained algorithm: start and end of the exact metrics (and DPO's label flips)."""
+    first, last = rows[0], rows[-1]
+    line = (
+        f"{algorithm:5s} expected_reward {first['expected_reward']:.4f} -> {last['expected_reward']:.4f}  "
+        f"best_action_probability {last['best_action_probability']:.4f}  kl_reference {last['kl_reference']:.4f}  "
+        f"optimizer_steps {last['optimizer_steps']}"
+    )
+    if algorithm == "dpo":
+        line += (
+            f"  flips {settings['preference_flips']}/{len(settings['clean_preference_pairs'])}  dpo_training_loss "
+            f"{first['dpo_training_loss']:.4f} -> {last['dpo_training_loss']:.4f}  dpo_clean_loss "
+            f"{first['dpo_clean_loss']:.4f} -> {last['dpo_clean_loss']:.4f}"
+        )
+    return line
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """Token-sequence objectives: the causal shift, a real EOS that shares its id with PAD, and the reduction.
 
     python token_objectives.py                              # writes results-tokens.json, prints facts and trace
-    python token_objectives.py --online --loss grpo         # online training -> results-online-grpo-sequence/
-    python token_objectives.py --online --loss cispo --reduction token --output results-online-cispo-token
-    python -m unittest -v test_rl_lab.TokenObjectives test_rl_lab.OnlineGRPO
+    python token_objectives.py --output results-tokens-copy.json
+    python -m unittest -v test_token_objectives
 
 Part 1 (`run`): a trainable 5x5 bigram table scores two fixed answers to one prompt, a chosen answer
 of 2 scored tokens and a rejected one of 3. DPO, GRPO and CISPO each take one SGD step from the same
@@ -16,11 +15,7 @@ of 2 prompts x 4 generations: flat rewards -> group-relative advantages -> compl
 kept, PAD and anything after dropped) -> current/old/reference token log-probs from three seeded
 bigram tables -> k3 KL -> GRPO and CISPO losses, plus both gradients on one clipped token.
 
-Part 3 (`online_train`, `--online`): the real loop on a CPU. A tiny autoregressive policy (a table of
-next-token logits indexed by prompt, position and previous token) learns to write a number in binary and
-stop: B prompts x G responses sampled token by token from a frozen snapshot, a rule-based verifier,
-group-relative advantages, completion masks, k3 KL to the frozen initial policy, and GRPO or CISPO with a
-per-sequence, per-token or constant reduction; online.csv (one row per iteration) and online.json.
+The online loop (sampling, a verifier, training over many batches) is its own driver: online_tokens.py.
 
 Shape notation (as in rl_lab.py): B sequences (or prompts), G group size, T tokens, V vocabulary,
 P prompt tokens, R completion positions.
@@ -28,42 +23,32 @@ P prompt tokens, R completion positions.
 
 from __future__ import annotations
 
-import math
-import os
-import sys
-import time
+from lab_io import exit_quietly_on_signals
 
-import torch
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    exit_quietly_on_signals()
 
-from rl_lab import (
+import argparse  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+
+from lab_checks import check_int, check_same_dtype, check_same_shape, check_tensor, torch_threads  # noqa: E402
+from lab_io import OneLineErrorParser, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
+from rl_lab import (  # noqa: E402
     DEVICE,
     DTYPE,
-    SEED_LIMIT,
-    OneLineErrorParser,
     categorical_kl,
-    check_int,
-    check_real,
-    check_same_dtype,
-    check_same_shape,
-    check_tensor,
     cispo_policy_loss,
     completion_mask,
-    csv_text,
     dpo_loss,
-    float_flag,
     group_advantages,
     group_relative_advantages,
     grpo_policy_loss,
-    int_flag,
-    json_text,
-    output_dir_or_exit,
-    run_cli,
-    output_file_or_exit,
     reduce_token_loss,
     response_token_logps,
     token_kl_penalty,
-    torch_threads,
-    write_text_atomic,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -532,447 +517,6 @@ def lesson_trace(seed=TRACE_SEED):
 
 
 # ---------------------------------------------------------------------------------------------
-# Part 3: online GRPO / CISPO (`--online`): sample, verify, update a tiny autoregressive policy
-# ---------------------------------------------------------------------------------------------
-# The task: write the prompt's number in binary, then stop. Prompt n in 0..5 has one correct answer
-# (format(n, "b"): "0", "1", "10", "11", "100", "101") and the verifier checks the exact tokens and the
-# EOS. The policy is a table of next-token logits indexed by (prompt, position, previous token): the
-# previous token is what an autoregressive model conditions on; the position lets the table write
-# "11" and "100", whose repeated digits a previous-token-only table could not tell apart.
-
-ONLINE_VOCAB = ("0", "1", "EOS")
-ONLINE_EOS = 2
-ONLINE_PAD = ONLINE_EOS  # PAD shares the EOS id: only the position (after the first EOS) makes it PAD
-ONLINE_BOS_STATE = len(ONLINE_VOCAB)  # the "previous token" of the first position
-ONLINE_NUMBERS = tuple(range(6))
-ONLINE_ANSWERS = tuple(tuple(int(bit) for bit in format(n, "b")) for n in ONLINE_NUMBERS)
-REWARD_CORRECT = 1.0  # the exact answer followed by EOS
-REWARD_PARTIAL = 0.25  # the right answer at the start of a response that hit the cap without EOS
-ONLINE_LOSSES = {"grpo": grpo_policy_loss, "cispo": cispo_policy_loss}  # names -> atoms (no switch inside)
-ONLINE_REDUCTIONS = ("sequence", "token", "constant")
-ONLINE_GROUP_EPS = 1e-4  # the lesson's eps of group_relative_advantages
-ONLINE_MAX_GRAD_NORM = 1.0
-ONLINE_DEFAULTS = {
-    "loss": "grpo", "reduction": "sequence", "steps": 60, "seed": 7, "prompts": 8, "group_size": 8,
-    "max_new_tokens": 5, "temperature": 1.0, "updates_per_batch": 2, "beta": 0.02, "epsilon": 0.2,
-    "epsilon_high": 5.0, "learning_rate": 0.2,
-}
-ONLINE_COLUMNS = [
-    "step", "optimizer_steps", "tokens_sampled", "total_tokens_sampled", "reward_mean", "success_rate",
-    "partial_rate", "mean_response_length", "truncated_fraction", "zero_group_fraction", "ratio_min",
-    "ratio_max", "clip_fraction_naive", "clip_fraction_effective", "capped_fraction", "kl_k3", "entropy",
-    "loss", "success_probability",
-]
-
-
-def online_logits(table, prompts, positions, previous, temperature):
-    """(..., V) tempered next-token logits of the table policy: table[prompt, position, previous] / T.
-
-    table (P, R, V+1, V); prompts, positions and previous broadcast to the same shape (...).
-    Sampling and scoring both call this, so old and current log-probs use the same tempered logits.
-    """
-    return table[prompts, positions, previous] / temperature
-
-
-def completion_logits(table, prompts, completion_ids, temperature):
-    """(N, R, V) tempered logits at every completion position, given the tokens before it (teacher forcing).
-
-    prompts (N,) int64; completion_ids (N, R) int64. The previous token of position 0 is the BOS state.
-    """
-    count, length = completion_ids.shape
-    bos = torch.full((count, 1), ONLINE_BOS_STATE, dtype=torch.long, device=DEVICE)
-    previous = torch.cat([bos, completion_ids[:, :-1]], dim=1)  # (N, R): the token before each position
-    positions = torch.arange(length, device=DEVICE).expand(count, length)  # (R,) -> (N, R)
-    return online_logits(table, prompts.unsqueeze(1), positions, previous, temperature)  # (N, R, V)
-
-
-def online_token_logps(table, prompts, completion_ids, temperature):
-    """(N, R) log-prob of every completion token under `table` (PAD positions included; masks drop them)."""
-    return logps_of_tokens(completion_logits(table, prompts, completion_ids, temperature), completion_ids)
-
-
-def logps_of_tokens(logits, completion_ids):
-    """(N, R) log-prob of each token in completion_ids under (N, R, V) logits."""
-    logp = torch.log_softmax(logits, dim=-1)  # (N, R, V)
-    return logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, R, 1) -> (N, R)
-
-
-def sample_completions(table, prompts, max_new_tokens, temperature, generator):
-    """Sample one completion per prompt token by token from `table` (the frozen old policy).
-
-    Returns (completion_ids (N, R) int64 with PAD after the first EOS, real (N, R) bool True up to and
-    including the EOS, truncated (N,) bool: the response hit max_new_tokens without an EOS).
-    """
-    count = prompts.shape[0]
-    completion_ids = torch.full((count, max_new_tokens), ONLINE_PAD, dtype=torch.long, device=DEVICE)
-    real = torch.zeros(count, max_new_tokens, dtype=torch.bool, device=DEVICE)
-    previous = torch.full((count,), ONLINE_BOS_STATE, dtype=torch.long, device=DEVICE)
-    finished = torch.zeros(count, dtype=torch.bool, device=DEVICE)
-    with torch.no_grad():
-        for position in range(max_new_tokens):
-            positions = torch.full((count,), position, dtype=torch.long, device=DEVICE)
-            probs = torch.softmax(online_logits(table, prompts, positions, previous, temperature), dim=-1)  # (N, V)
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N, 1) -> (N,)
-            tokens = torch.where(finished, torch.full_like(tokens, ONLINE_PAD), tokens)  # PAD after the EOS
-            real[:, position] = ~finished
-            completion_ids[:, position] = tokens
-            finished = finished | (tokens == ONLINE_EOS)
-            previous = tokens
-    return completion_ids, real, ~finished
-
-
-def verify(number, tokens, truncated):
-    """The rule-based reward of one response: 1 for the exact binary answer then EOS, REWARD_PARTIAL
-    for a truncated response (no EOS) that starts with the right answer, 0 otherwise.
-
-    number: the prompt's int in 0..5; tokens: the response's real token ids (a list or tuple of ints in
-    0..2, the EOS included if any); truncated: bool, True when the response hit the length cap (then
-    it holds no EOS). Raises ValueError naming the argument for anything else.
-    """
-    number = check_int("number", number, low=0, high=len(ONLINE_ANSWERS) - 1)
-    if not isinstance(tokens, (list, tuple)) or not all(
-        isinstance(token, int) and not isinstance(token, bool) and 0 <= token < len(ONLINE_VOCAB) for token in tokens
-    ):
-        raise ValueError(f"tokens: expected a list of token ids in [0, {len(ONLINE_VOCAB)}), got {tokens!r}")
-    if not isinstance(truncated, bool):
-        raise ValueError(f"truncated: expected a bool, got {type(truncated).__name__}")
-    tokens = list(tokens)
-    if truncated and ONLINE_EOS in tokens:
-        raise ValueError("truncated: a response that holds an EOS stopped; it cannot be truncated")
-    answer = list(ONLINE_ANSWERS[number])
-    if not truncated and tokens == answer + [ONLINE_EOS]:
-        return REWARD_CORRECT
-    if truncated and tokens[: len(answer)] == answer:
-        return REWARD_PARTIAL
-    return 0.0
-
-
-def answer_table():
-    """(P, R=4) the correct completions (answer, EOS, then PAD) and their (P, R) bool real mask."""
-    length = max(len(answer) for answer in ONLINE_ANSWERS) + 1
-    ids = torch.full((len(ONLINE_ANSWERS), length), ONLINE_PAD, dtype=torch.long, device=DEVICE)
-    real = torch.zeros(len(ONLINE_ANSWERS), length, dtype=torch.bool, device=DEVICE)
-    for number, answer in enumerate(ONLINE_ANSWERS):
-        ids[number, : len(answer) + 1] = torch.tensor(list(answer) + [ONLINE_EOS])
-        real[number, : len(answer) + 1] = True
-    return ids, real
-
-
-def success_probability(table, temperature):
-    """Exact mean over prompts of p(correct answer then EOS): the product of its token probabilities.
-
-    table: (P=6, R, V+1=4, V=3) float logits of the online policy; temperature in (0, 10].
-    Raises ValueError naming the argument for a bad table or temperature.
-    """
-    _check_online_table(table)
-    check_real("temperature", temperature, low=0.0, high=10.0, low_open=True)
-    ids, real = answer_table()
-    if ids.shape[1] > table.shape[1]:  # the cap is shorter than the longest answer + EOS
-        ids, real = ids[:, : table.shape[1]], real[:, : table.shape[1]]
-        reachable = torch.tensor([len(answer) + 1 <= table.shape[1] for answer in ONLINE_ANSWERS])
-    else:
-        reachable = torch.ones(len(ONLINE_ANSWERS), dtype=torch.bool)
-    with torch.no_grad():
-        logps = online_token_logps(table[:, : ids.shape[1]], torch.arange(ids.shape[0]), ids, temperature)
-        path = torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()  # (P,)
-        return torch.where(reachable, path, torch.zeros_like(path)).mean().item()
-
-
-def _check_online_table(table):
-    check_tensor("table", table, ndim=4)
-    prompts, _, states, vocab = table.shape
-    if (prompts, states, vocab) != (len(ONLINE_NUMBERS), len(ONLINE_VOCAB) + 1, len(ONLINE_VOCAB)):
-        raise ValueError(
-            f"table: expected shape ({len(ONLINE_NUMBERS)}, R, {len(ONLINE_VOCAB) + 1}, {len(ONLINE_VOCAB)}), "
-            f"got {tuple(table.shape)}"
-        )
-
-
-def _check_state(state):
-    keys = ("config", "generator", "table", "reference", "optimizer", "loss_fn", "loss_kwargs")
-    if not isinstance(state, dict) or any(key not in state for key in keys):
-        raise ValueError("state: expected the dict returned by online_setup()")
-
-
-def _check_batch(batch, state):
-    if not isinstance(batch, dict) or any(key not in batch for key in _BATCH_KEYS):
-        raise ValueError("batch: expected the dict returned by online_rollout()")
-    count = state["config"]["prompts"] * state["config"]["group_size"]
-    shape = (count, state["config"]["max_new_tokens"])
-    if tuple(batch["completion_ids"].shape) != shape or tuple(batch["advantages"].shape) != (count,):
-        raise ValueError(f"batch: expected {count} responses of {shape[1]} positions, from this state's rollout")
-
-
-_BATCH_KEYS = ("prompts", "completion_ids", "real", "truncated", "rewards", "advantages", "mask", "old_logps",
-               "ref_logps", "old_logits")
-
-
-def _online_settings(config):
-    settings = dict(config)
-    settings.update({
-        "task": "write the prompt's number in binary, then EOS",
-        "vocabulary": list(ONLINE_VOCAB),
-        "eos_token_id": ONLINE_EOS,
-        "pad_token_id": ONLINE_PAD,
-        "prompts_and_answers": {str(n): format(n, "b") for n in ONLINE_NUMBERS},
-        "reward_correct": REWARD_CORRECT,
-        "reward_partial_truncated": REWARD_PARTIAL,
-        "policy": "table of logits (prompt, position, previous token) -> next token, zeros at start (uniform)",
-        "reference": "the initial policy, frozen",
-        "old_policy": "a frozen snapshot taken before each batch is sampled",
-        "optimizer": "Adam",
-        "max_grad_norm": ONLINE_MAX_GRAD_NORM,
-        "group_advantage_eps": ONLINE_GROUP_EPS,
-        "kl": "k3 per token inside the loss atoms (beta); kl_k3 column: old vs reference on the sampled tokens",
-        "truncated_responses": "kept in the loss: every real token counts (no EOS to score)",
-        "dtype": str(DTYPE).replace("torch.", ""),
-        "device": str(DEVICE),
-        "torch": torch.__version__,
-    })
-    return settings
-
-
-def online_config(**overrides):
-    """ONLINE_DEFAULTS with `overrides`, validated; raises ValueError naming the bad key."""
-    unknown = sorted(set(overrides) - set(ONLINE_DEFAULTS))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: not a setting of the online run (expected one of {', '.join(ONLINE_DEFAULTS)})")
-    config = {**ONLINE_DEFAULTS, **overrides}
-    if not isinstance(config["loss"], str) or config["loss"] not in ONLINE_LOSSES:
-        raise ValueError(f"loss: expected 'grpo' or 'cispo', got {config['loss']!r}")
-    if not isinstance(config["reduction"], str) or config["reduction"] not in ONLINE_REDUCTIONS:
-        raise ValueError(f"reduction: expected one of {', '.join(ONLINE_REDUCTIONS)}, got {config['reduction']!r}")
-    for name, low, high in (("steps", 1, 100_000), ("seed", 0, 2**63 - 1), ("prompts", 1, 4096),
-                            ("group_size", 2, 1024), ("max_new_tokens", 1, 64), ("updates_per_batch", 1, 64)):
-        check_int(name, config[name], low=low, high=high)
-    check_real("temperature", config["temperature"], low=0.0, high=10.0, low_open=True)
-    check_real("beta", config["beta"], low=0.0, high=10.0)
-    check_real("epsilon", config["epsilon"], low=0.0, high=1.0, high_open=True)
-    check_real("epsilon_high", config["epsilon_high"], low=0.0, high=100.0, low_open=True)
-    check_real("learning_rate", config["learning_rate"], low=0.0, high=10.0, low_open=True)
-    return config
-
-
-def online_setup(**overrides):
-    """Everything a run holds: config, generator, policy table, frozen reference, optimizer, counters.
-
-    The table (P, R, V+1, V) starts at zeros (a uniform policy) and the reference is a frozen copy.
-    """
-    config = online_config(**overrides)
-    shape = (len(ONLINE_NUMBERS), config["max_new_tokens"], len(ONLINE_VOCAB) + 1, len(ONLINE_VOCAB))
-    table = torch.zeros(shape, dtype=DTYPE, device=DEVICE, requires_grad=True)
-    loss_kwargs = {"beta": config["beta"], "reduction": config["reduction"], "max_new_tokens": config["max_new_tokens"]}
-    if config["loss"] == "grpo":
-        loss_kwargs["epsilon"] = config["epsilon"]
-    else:
-        loss_kwargs["epsilon_high"] = config["epsilon_high"]
-    return {
-        "config": config,
-        "generator": torch.Generator(device=DEVICE).manual_seed(config["seed"]),  # the one seeding point
-        "table": table,
-        "reference": torch.zeros(shape, dtype=DTYPE, device=DEVICE),
-        "optimizer": torch.optim.Adam([table], lr=config["learning_rate"]),
-        "loss_fn": ONLINE_LOSSES[config["loss"]],
-        "loss_kwargs": loss_kwargs,
-        "optimizer_steps": 0,
-        "total_tokens": 0,
-    }
-
-
-def online_rollout(state):
-    """Sample B prompts x G responses from a frozen snapshot, score them and build the batch.
-
-    Returns a dict: prompts (B*G,) prompt-major, completion_ids / real (B*G, R), truncated (B*G,),
-    rewards (B*G,), advantages (B*G,), mask (B*G, R) int64, old_logps / ref_logps (B*G, R) and
-    old_logits (B*G, R, V), all without grad.
-    """
-    _check_state(state)
-    config = state["config"]
-    temperature, group_size = config["temperature"], config["group_size"]
-    old = state["table"].detach().clone()
-    numbers = torch.randint(0, len(ONLINE_NUMBERS), (config["prompts"],), generator=state["generator"])  # (B,)
-    prompts = numbers.repeat_interleave(group_size)  # (B,) -> (B*G,)
-    completion_ids, real, truncated = sample_completions(
-        old, prompts, config["max_new_tokens"], temperature, state["generator"]
-    )
-    rewards = torch.tensor(
-        [verify(number, ids[row_real].tolist(), cut)
-         for number, ids, row_real, cut in zip(prompts.tolist(), completion_ids, real, truncated.tolist())],
-        dtype=DTYPE, device=DEVICE,
-    )  # (B*G,)
-    # advantages relative to each prompt's group; the mask keeps tokens up to the first EOS
-    advantages = group_relative_advantages(rewards, group_size, eps=ONLINE_GROUP_EPS)
-    mask = completion_mask(completion_ids, ONLINE_EOS, real)  # (B*G, R)
-    with torch.no_grad():
-        # cached once, from the same tempered logits the update uses: the ratio is exactly 1 at first
-        old_logits = completion_logits(old, prompts, completion_ids, temperature)  # (B*G, R, V)
-        old_logps = logps_of_tokens(old_logits, completion_ids)  # the same ops as online_token_logps(old, ...)
-        ref_logps = online_token_logps(state["reference"], prompts, completion_ids, temperature)
-    return {
-        "prompts": prompts, "completion_ids": completion_ids, "real": real, "truncated": truncated,
-        "rewards": rewards, "advantages": advantages, "mask": mask, "old_logps": old_logps,
-        "ref_logps": ref_logps, "old_logits": old_logits,
-    }
-
-
-def clip_diagnostics(ratio, advantages, loss, epsilon, epsilon_high):
-    """Shares of tokens, for ratios (K,) and their sequences' advantages (K,):
-
-    - clip_fraction_naive: |ratio - 1| > epsilon, the usual PPO count;
-    - clip_fraction_effective: tokens whose policy-gradient term the loss zeroes. GRPO's PPO-Clip zeroes
-      it only on the side the policy already moved toward: A > 0 and ratio > 1 + eps, or A < 0 and
-      ratio < 1 - eps (the other side keeps the unclipped branch and its gradient). CISPO never zeroes
-      it: 0. (The k3 term still passes gradient in both.)
-    - capped_fraction: ratio > epsilon_high, where CISPO caps the detached weight; for GRPO only a count.
-    """
-    if loss == "grpo":
-        zeroed = ((advantages > 0) & (ratio > 1.0 + epsilon)) | ((advantages < 0) & (ratio < 1.0 - epsilon))
-    else:
-        zeroed = torch.zeros_like(ratio, dtype=torch.bool)
-    return {
-        "clip_fraction_naive": ((ratio - 1.0).abs() > epsilon).double().mean().item(),
-        "clip_fraction_effective": zeroed.double().mean().item(),
-        "capped_fraction": (ratio > epsilon_high).double().mean().item(),
-    }
-
-
-class TrainingDiverged(FloatingPointError):
-    """The policy moved so far within one batch that a ratio or the k3 term overflows exp()."""
-
-
-def _check_exponents(logps, batch, kept):
-    """Raise TrainingDiverged before exp() of a log-ratio (ratio) or of ref - logp (k3) overflows."""
-    limit = math.log(torch.finfo(logps.dtype).max)  # about 709.8 nats in float64
-    largest = max((logps - batch["old_logps"])[kept].max().item(), (batch["ref_logps"] - logps)[kept].max().item())
-    if largest > limit:
-        raise TrainingDiverged(
-            f"a log-ratio of {largest:.0f} nats overflows exp(): the policy moved too far within one batch "
-            "(lower --lr or --updates-per-batch, or raise --temperature)"
-        )
-
-
-def online_update(state, batch):
-    """`updates_per_batch` Adam steps on the GRPO or CISPO loss of one batch; returns their diagnostics.
-
-    Ratios and clip fractions are those each pass's loss saw (before its step), over kept tokens,
-    averaged over the passes; see `clip_diagnostics` for the three fractions.
-    """
-    _check_state(state)
-    _check_batch(batch, state)
-    config = state["config"]
-    kept = batch["mask"].bool()
-    signs = batch["advantages"].unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
-    losses, ratios = [], []
-    diagnostics = {"clip_fraction_naive": [], "clip_fraction_effective": [], "capped_fraction": []}
-    for _ in range(config["updates_per_batch"]):
-        logps = online_token_logps(state["table"], batch["prompts"], batch["completion_ids"], config["temperature"])
-        _check_exponents(logps.detach(), batch, kept)
-        loss = state["loss_fn"](logps, batch["old_logps"], batch["ref_logps"], batch["advantages"], batch["mask"],
-                                **state["loss_kwargs"])
-        state["optimizer"].zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([state["table"]], ONLINE_MAX_GRAD_NORM)
-        state["optimizer"].step()
-        state["optimizer_steps"] += 1
-        with torch.no_grad():
-            ratio = (logps.detach() - batch["old_logps"]).exp()[kept]  # (kept,): the ratios this pass's loss saw
-        losses.append(loss.item())
-        ratios.append(ratio)
-        for name, value in clip_diagnostics(ratio, signs, config["loss"], config["epsilon"],
-                                            config["epsilon_high"]).items():
-            diagnostics[name].append(value)
-    passes = len(losses)
-    all_ratios = torch.cat(ratios)
-    return {
-        "loss": math.fsum(losses) / passes,
-        "ratio_min": all_ratios.min().item(),
-        "ratio_max": all_ratios.max().item(),
-        **{name: math.fsum(values) / passes for name, values in diagnostics.items()},
-    }
-
-
-def online_record(state, batch, update, step):
-    """One CSV row: batch statistics (responses sampled this iteration), update diagnostics, and the
-    exact success probability of the policy after the update."""
-    config = state["config"]
-    kept = batch["mask"].bool()
-    rewards = batch["rewards"]
-    tokens_sampled = int(kept.sum().item())
-    state["total_tokens"] += tokens_sampled
-    with torch.no_grad():
-        old_logp_all = torch.log_softmax(batch["old_logits"], dim=-1)  # (B*G, R, V)
-        entropy = -(old_logp_all.exp() * old_logp_all).sum(dim=-1)[kept].mean().item()
-        grouped = rewards.reshape(-1, config["group_size"])  # (B*G,) -> (B, G)
-        kl_k3 = token_kl_penalty(batch["old_logps"], batch["ref_logps"])[kept].mean().item()
-    row = {
-        "step": step,
-        "optimizer_steps": state["optimizer_steps"],
-        "tokens_sampled": tokens_sampled,
-        "total_tokens_sampled": state["total_tokens"],
-        "reward_mean": rewards.mean().item(),
-        "success_rate": (rewards == REWARD_CORRECT).double().mean().item(),
-        "partial_rate": (rewards == REWARD_PARTIAL).double().mean().item(),
-        "mean_response_length": batch["mask"].sum(dim=1).double().mean().item(),
-        "truncated_fraction": batch["truncated"].double().mean().item(),
-        "zero_group_fraction": (grouped == grouped[:, :1]).all(dim=1).double().mean().item(),
-        "kl_k3": kl_k3,
-        "entropy": entropy,
-        "success_probability": success_probability(state["table"].detach(), config["temperature"]),
-    }
-    row.update(update)
-    return {name: row[name] for name in ONLINE_COLUMNS}
-
-
-@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
-def online_train(**overrides):
-    """Train the table policy online with GRPO or CISPO; return (rows, report).
-
-    Keyword arguments override ONLINE_DEFAULTS (loss, reduction, steps, seed, prompts, group_size,
-    max_new_tokens, temperature, updates_per_batch, beta, epsilon, epsilon_high, learning_rate).
-    rows: one dict per iteration with ONLINE_COLUMNS. report: settings, the exact initial success
-    probability, the first batch decoded, and the final row. Raises ValueError naming a bad setting.
-    """
-    return online_run(online_setup(**overrides))
-
-
-@torch.enable_grad()
-@torch_threads(1)  # tiny tensors: more threads only wait for each other (see rl_lab.torch_threads)
-def online_run(state):
-    """The training loop of `online_train` on a prepared `online_setup` state: (rows, report)."""
-    initial_success = success_probability(state["table"].detach(), state["config"]["temperature"])
-    rows, first_batch = [], None
-    for step in range(1, state["config"]["steps"] + 1):
-        batch = online_rollout(state)
-        if first_batch is None:
-            first_batch = decode_batch(batch, state["config"]["group_size"])
-        update = online_update(state, batch)
-        rows.append(online_record(state, batch, update, step))
-    report = {
-        "settings": _online_settings(state["config"]),
-        "initial_success_probability": initial_success,
-        "first_batch": first_batch,
-        "final": rows[-1],
-    }
-    return rows, report
-
-
-def decode_batch(batch, group_size, groups=2):
-    """The first `groups` groups of a batch as readable text: prompt, response, reward, advantage."""
-    decoded = []
-    for row in range(min(groups * group_size, batch["prompts"].shape[0])):
-        ids = batch["completion_ids"][row][batch["real"][row]].tolist()
-        decoded.append({
-            "prompt": int(batch["prompts"][row]),
-            "answer": format(int(batch["prompts"][row]), "b"),
-            "response": " ".join(ONLINE_VOCAB[token] for token in ids),
-            "truncated": bool(batch["truncated"][row]),
-            "reward": batch["rewards"][row].item(),
-            "advantage": batch["advantages"][row].item(),
-        })
-    return decoded
-
-
-# ---------------------------------------------------------------------------------------------
 # Record: a readable summary of the report
 # ---------------------------------------------------------------------------------------------
 
@@ -1051,110 +595,32 @@ def summary_text(report):
 # ---------------------------------------------------------------------------------------------
 
 
-ONLINE_FLAGS = {  # flag -> (config key, argparse type, help)
-    "--loss": ("loss", None, "policy loss: grpo (PPO-Clip per token) or cispo (detached capped weight)"),
-    "--reduction": ("reduction", None, "sequence: mean per response then over responses (GRPO, the lesson); "
-                                      "token: mean over all kept tokens (DAPO); constant: sum / (B*G*max_new_tokens) "
-                                      "(Dr. GRPO)"),
-    "--steps": ("steps", int_flag(1, 100_000), "iterations (sample, score, update), integer in [1, 100000]"),
-    "--seed": ("seed", int_flag(0, SEED_LIMIT - 1), "seed of the run's torch.Generator, integer in [0, 2**63 - 1]"),
-    "--prompts": ("prompts", int_flag(1, 4096), "prompts drawn per iteration (B), integer in [1, 4096]"),
-    "--group-size": ("group_size", int_flag(2, 1024), "responses per prompt (G), integer in [2, 1024]"),
-    "--max-new-tokens": ("max_new_tokens", int_flag(1, 64),
-                         "cap on response length; a response that reaches it without EOS is truncated, "
-                         "integer in [1, 64]"),
-    "--temperature": ("temperature", float_flag(0.0, 10.0, low_open=True),
-                      "sampling temperature, also applied to every log-prob, number in (0, 10]"),
-    "--updates-per-batch": ("updates_per_batch", int_flag(1, 64),
-                            "Adam steps on each batch (ratios leave 1 after the first), integer in [1, 64]"),
-    "--beta": ("beta", float_flag(0.0, 10.0), "weight of the k3 KL to the reference, number in [0, 10]"),
-    "--epsilon": ("epsilon", float_flag(0.0, 1.0, high_open=True), "GRPO clip half-width, number in [0, 1)"),
-    "--epsilon-high": ("epsilon_high", float_flag(0.0, 100.0, low_open=True),
-                       "CISPO's absolute cap on the ratio, number in (0, 100]"),
-    "--lr": ("learning_rate", float_flag(0.0, 10.0, low_open=True), "Adam learning rate, number in (0, 10]"),
-}
-
-
 def build_parser():
     parser = OneLineErrorParser(
         prog="token_objectives.py",
         description="DPO, GRPO and CISPO on two fixed token sequences (one SGD step each) plus the lesson's "
-                    "GRPO/CISPO trace, written as one JSON report; or, with --online, real online GRPO/CISPO "
-                    "training of a tiny autoregressive policy, written as online.csv and online.json.",
+                    "GRPO/CISPO trace, written as one JSON report.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--output", default=None,
-                        help="without --online: the JSON report file (default: results-tokens.json); with --online: "
-                             "the output folder (default: results-online-<loss>-<reduction>)")
-    online = parser.add_argument_group("online GRPO/CISPO (only with --online)")
-    online.add_argument("--online", action="store_true", help="train online instead of writing the fixed report")
-    for flag, (key, parse, text) in ONLINE_FLAGS.items():
-        default = ONLINE_DEFAULTS[key]
-        extra = {"choices": ("grpo", "cispo")} if key == "loss" else (
-            {"choices": ONLINE_REDUCTIONS} if key == "reduction" else {"type": parse})
-        online.add_argument(flag, dest=key, default=None, help=f"{text} (default: {default})", **extra)
+    parser.add_argument("--output", default="results-tokens.json", help="the JSON report file")
+    # the online loop has its own driver now: an old command gets one line saying where it went
+    parser.add_argument("--online", action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def online_summary(rows, report, seconds):
-    """A few readable lines: start, end, and the first group of the first batch."""
-    first, last = rows[0], rows[-1]
-    settings = report["settings"]
-    lines = [
-        f"online {settings['loss']} ({settings['reduction']} reduction), {settings['steps']} iterations of "
-        f"{settings['prompts']} prompts x {settings['group_size']} responses, seed {settings['seed']}",
-        f"  exact success probability {report['initial_success_probability']:.4f} -> {last['success_probability']:.4f}",
-        f"  sampled success rate {first['success_rate']:.3f} (first batch) -> {last['success_rate']:.3f} (last batch); "
-        f"mean response length {first['mean_response_length']:.2f} -> {last['mean_response_length']:.2f}",
-        f"  last iteration: kl_k3 {last['kl_k3']:.4f}, clip fraction naive {last['clip_fraction_naive']:.4f}, "
-        f"effective {last['clip_fraction_effective']:.4f}; mean over the run: naive "
-        f"{math.fsum(row['clip_fraction_naive'] for row in rows) / len(rows):.4f}, effective "
-        f"{math.fsum(row['clip_fraction_effective'] for row in rows) / len(rows):.4f}; "
-        f"{last['total_tokens_sampled']} tokens sampled",
-        f"  training loop {seconds:.2f} s, {last['total_tokens_sampled'] / seconds:,.0f} tokens/s (sampling, scoring "
-        "and updates; machine-dependent, so printed here and kept out of the files, which stay byte-identical)",
-        "  first group of the first batch:",
-    ]
-    for item in report["first_batch"][: settings["group_size"]]:
-        lines.append(
-            f"    prompt {item['prompt']} (answer {item['answer']}): {item['response']:<18s} "
-            f"{'truncated ' if item['truncated'] else ''}reward {item['reward']:.2f} advantage {item['advantage']:+.3f}"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
-    overrides = {key: getattr(args, key) for key, _, _ in ONLINE_FLAGS.values() if getattr(args, key) is not None}
-    if not args.online:
-        if overrides:
-            flag = next(flag for flag, (key, _, _) in ONLINE_FLAGS.items() if key in overrides)
-            parser.error(f"argument {flag}: only applies with --online")
-        output = "results-tokens.json" if args.output is None else args.output
-        output_file_or_exit(parser, output)
-        report = run()
-        write_text_atomic(output, json_text(report))
-        print(summary_text(report), end="")
-        print(f"-> {output}")
-        return 0
-    config = {**ONLINE_DEFAULTS, **overrides}
-    output = f"results-online-{config['loss']}-{config['reduction']}" if args.output is None else args.output
-    created = not os.path.exists(output)
-    output_dir_or_exit(parser, output, ["online.csv", "online.json"])
-    state = online_setup(**overrides)  # outside the clock: torch's first optimizer construction costs ~0.8 s
-    started = time.perf_counter()
-    try:
-        rows, report = online_run(state)
-    except TrainingDiverged as error:
-        if created and not os.listdir(output):
-            os.rmdir(output)  # leave nothing behind: the folder was made for this run
-        print(f"{parser.prog}: error: training diverged: {error}", file=sys.stderr)
-        return 1
-    seconds = time.perf_counter() - started
-    write_text_atomic(os.path.join(output, "online.csv"), csv_text(rows, ONLINE_COLUMNS))
-    write_text_atomic(os.path.join(output, "online.json"), json_text(report))
-    print(online_summary(rows, report, seconds), end="")
-    print(f"-> {os.path.join(output, 'online.csv')}, {os.path.join(output, 'online.json')}")
+    args, unknown = parser.parse_known_args(argv)
+    if args.online:
+        parser.error("argument --online: the online loop moved to its own driver: python online_tokens.py "
+                     "--loss grpo (same flags, same outputs)")
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    output_file_or_exit(parser, args.output)
+    report = run()
+    write_files({args.output: json_text(report)})
+    print(summary_text(report), end="")
+    print(f"-> {args.output}")
     return 0
 
 

@@ -1,0 +1,115 @@
+"""Helpers shared by the test files (test_*.py): running a main() in-process, tolerant comparison of
+committed outputs, and the single-thread setting of every test module.
+
+    python -m unittest                  # every test file of the lab (discovery: test_*.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+from unittest import mock
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Committed and published floats are compared with this relative tolerance, never byte for byte: another
+# CPU (or another BLAS path) may round a reduction differently in the 16th-17th significant digit, e.g.
+# 0.668435395925845 here and 0.6684353959258452 on an AVX2 machine. Two runs on one machine are compared
+# byte for byte instead (the lab's determinism promise).
+COMMITTED_RTOL = 1e-12
+# absolute floor for values that should be 0 but carry rounding noise (a mean of +-1e-17 terms)
+COMMITTED_ATOL = 1e-15
+
+
+def run_main(main, argv, env=None):
+    """Run a driver's main(argv) in-process; return (exit_code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    # a wide terminal: argparse wraps --help (even inside words with hyphens) to COLUMNS
+    environment = {"COLUMNS": "1000", **(env or {})}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), mock.patch.dict(os.environ, environment):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_cli_in_process(main, argv, env=None):
+    """Run main(argv) under lab_io.run_cli, as the program would run; return (status, stdout, stderr)."""
+    import lab_io
+
+    return run_main(lambda args: lab_io.run_cli(lambda: main(args)), argv, env)
+
+
+def _differences(expected, actual, where, found, limit=5):
+    """Append (where, expected, actual) for every number or value that differs beyond the tolerance."""
+    if len(found) >= limit:
+        return
+    numbers = (int, float)
+    if isinstance(expected, bool) or isinstance(actual, bool) or not (
+        isinstance(expected, numbers) and isinstance(actual, numbers)
+    ):
+        if isinstance(expected, dict) and isinstance(actual, dict):
+            if list(expected) != list(actual):
+                found.append((f"{where} keys", list(expected), list(actual)))
+                return
+            for key in expected:
+                _differences(expected[key], actual[key], f"{where}.{key}" if where else key, found, limit)
+        elif isinstance(expected, list) and isinstance(actual, list):
+            if len(expected) != len(actual):
+                found.append((f"{where} length", len(expected), len(actual)))
+                return
+            for index, (a, b) in enumerate(zip(expected, actual)):
+                _differences(a, b, f"{where}[{index}]", found, limit)
+        elif expected != actual:
+            found.append((where, expected, actual))
+        return
+    if isinstance(expected, int) and isinstance(actual, int):
+        if expected != actual:
+            found.append((where, expected, actual))
+        return
+    if not math.isclose(expected, actual, rel_tol=COMMITTED_RTOL, abs_tol=COMMITTED_ATOL):
+        found.append((where, expected, actual))
+
+
+def _parse_number(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def committed_differences(relative, fresh_text):
+    """Compare a committed CSV or JSON file of the lab with freshly generated text, numbers with
+    COMMITTED_RTOL. Returns a list of (where, committed value, fresh value); where names the key path
+    (JSON) or the row's step and the column (CSV)."""
+    with open(os.path.join(HERE, relative), encoding="utf-8", newline="") as handle:
+        committed_text = handle.read()
+    found = []
+    if relative.endswith(".json"):
+        _differences(json.loads(committed_text), json.loads(fresh_text), "", found)
+        return found
+    committed = list(csv.reader(io.StringIO(committed_text)))
+    fresh = list(csv.reader(io.StringIO(fresh_text)))
+    if committed[:1] != fresh[:1]:
+        return [("header", committed[:1], fresh[:1])]
+    if len(committed) != len(fresh):
+        return [("number of rows", len(committed) - 1, len(fresh) - 1)]
+    header = committed[0]
+    for line, (old_row, new_row) in enumerate(zip(committed[1:], fresh[1:]), start=2):
+        for column, old_value, new_value in zip(header, old_row, new_row):
+            _differences(_parse_number(old_value), _parse_number(new_value), f"line {line} {column}", found)
+    return found
+
+
+def describe_differences(relative, found):
+    shown = "; ".join(f"{where}: committed {old!r}, fresh {new!r}" for where, old, new in found)
+    return (f"{relative} differs from a fresh default run beyond the relative tolerance {COMMITTED_RTOL}: {shown}. "
+            "If you ran a documented command with other flags into this path, restore it with "
+            f"`git checkout -- {relative}`; if the code changed a default run on purpose, regenerate and commit it.")
