@@ -161,9 +161,11 @@ def _probe_writable(folder):
     try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
         with open(probe, "x", encoding="utf-8"):
             pass
-        os.unlink(probe)
     except OSError as error:
         return f"cannot write into {folder!r}: {error.strerror or error}"
+    finally:  # also when Ctrl-C arrives right after the file was created
+        if os.path.lexists(probe):
+            os.unlink(probe)
     return None
 
 
@@ -421,10 +423,20 @@ def run_cli(main_function):
       the traceback).
     stdout and stderr replace what they cannot encode (an odd file name) instead of failing.
     """
+    previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in _STOP_SIGNALS:
         if signum != signal.SIGINT:
             signal.signal(signum, _raise_terminated)
+    try:
+        return _run(main_function)
+    finally:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
+        for signum, handler in previous_handlers.items():
+            if handler is not _exit_at_once and handler is not None:
+                signal.signal(signum, handler)
+
+
+def _run(main_function):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")

@@ -74,6 +74,9 @@ LOSSES = {"grpo": grpo_policy_loss, "cispo": cispo_policy_loss}  # names -> atom
 REDUCTIONS = ("sequence", "token", "constant")
 GROUP_EPS = 1e-4  # the lesson's eps of group_relative_advantages
 MAX_GRAD_NORM = 1.0
+# B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
+MAX_TOKEN_POSITIONS = 2**20
+MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 DEFAULTS = {
     "loss": "grpo", "reduction": "sequence", "steps": 60, "seed": 7, "prompts": 8, "group_size": 8,
     "max_new_tokens": 5, "temperature": 1.0, "updates_per_batch": 2, "beta": 0.02, "epsilon": 0.2,
@@ -242,7 +245,11 @@ def config(**overrides):
     for name, low, high in (("steps", 1, 100_000), ("seed", 0, 2**63 - 1), ("prompts", 1, 4096),
                             ("group_size", 2, 1024), ("max_new_tokens", 1, 64), ("updates_per_batch", 1, 64)):
         check_int(name, settings[name], low=low, high=high)
-    check_real("temperature", settings["temperature"], low=0.0, high=10.0, low_open=True)
+    positions = settings["prompts"] * settings["group_size"] * settings["max_new_tokens"]
+    if positions > MAX_TOKEN_POSITIONS:
+        raise ValueError(f"prompts: prompts * group_size * max_new_tokens = {positions} token positions per batch, "
+                         f"more than {MAX_TOKEN_POSITIONS}")
+    check_real("temperature", settings["temperature"], low=MIN_TEMPERATURE, high=10.0)
     check_real("beta", settings["beta"], low=0.0, high=10.0)
     check_real("epsilon", settings["epsilon"], low=0.0, high=1.0, high_open=True)
     check_real("epsilon_high", settings["epsilon_high"], low=0.0, high=100.0, low_open=True)
@@ -534,8 +541,8 @@ FLAGS = {  # flag -> (config key, argparse type, help)
     "--max-new-tokens": ("max_new_tokens", int_flag(1, 64),
                          "cap on response length; a response that reaches it without EOS is truncated, "
                          "integer in [1, 64]"),
-    "--temperature": ("temperature", float_flag(0.0, 10.0, low_open=True),
-                      "sampling temperature, also applied to every log-prob, number in (0, 10]"),
+    "--temperature": ("temperature", float_flag(MIN_TEMPERATURE, 10.0),
+                      f"sampling temperature, also applied to every log-prob, number in [{MIN_TEMPERATURE}, 10]"),
     "--updates-per-batch": ("updates_per_batch", int_flag(1, 64),
                             "Adam steps on each batch (ratios leave 1 after the first), integer in [1, 64]"),
     "--beta": ("beta", float_flag(0.0, 10.0), "weight of the k3 KL to the reference, number in [0, 10]"),
@@ -594,6 +601,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     overrides = {key: getattr(args, key) for key, _, _ in FLAGS.values() if getattr(args, key) is not None}
     run_config = {**DEFAULTS, **overrides}
+    positions = run_config["prompts"] * run_config["group_size"] * run_config["max_new_tokens"]
+    if positions > MAX_TOKEN_POSITIONS:
+        parser.error(f"argument --prompts: --prompts x --group-size x --max-new-tokens = {positions} token positions "
+                     f"per batch, more than {MAX_TOKEN_POSITIONS} (about 0.5 GB); lower one of them")
     output = f"results-online-{run_config['loss']}-{run_config['reduction']}" if args.output is None else args.output
     output_folder_or_exit(parser, output, ["online.csv", "online.json"])
     state = setup(**overrides)  # outside the clock: torch's first optimizer construction costs ~0.8 s

@@ -549,6 +549,8 @@ GROUP_ADVANTAGE_EPSILON = 1e-8
 MAX_STEPS = 100_000
 MAX_GROUP_SIZE = 4096
 MAX_GRPO_PROMPTS = 4096
+# B*G sampled actions per GRPO/CISPO iteration: 2**20 take about 0.3 GB of memory and 1 s per iteration
+MAX_GROUP_ACTIONS = 2**20
 
 COLUMNS = [
     "algorithm", "step", "optimizer_steps", "sampled_actions", "pair_presentations", "expected_reward",
@@ -669,6 +671,9 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     group_size = check_int("group_size", group_size, low=2, high=MAX_GROUP_SIZE)
     grpo_prompts = check_int("grpo_prompts", grpo_prompts, low=1, high=MAX_GRPO_PROMPTS)
     preference_flips = check_int("preference_flips", preference_flips, low=0)
+    if algorithm in ("grpo", "cispo") and group_size * grpo_prompts > MAX_GROUP_ACTIONS:
+        raise ValueError(f"group_size: group_size * grpo_prompts = {group_size * grpo_prompts} actions per iteration, "
+                         f"more than {MAX_GROUP_ACTIONS}")
     rewards = reward_table()
     pairs = preference_pairs(rewards)
     if preference_flips > pairs.shape[0]:
@@ -999,6 +1004,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.preference_flips and args.algorithm not in ("dpo", "all"):
         parser.error(f"argument --preference-flips: only applies to --algorithm dpo (or all), got {args.algorithm}")
+    if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
+        parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
+                     f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
     if args.algorithm == "atoms":
         print(json_text(atomic_demo()), end="")
         return 0

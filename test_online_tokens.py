@@ -243,7 +243,7 @@ class OnlineValidation(unittest.TestCase):
 
     def test_a_diverging_run_stops_with_one_line_and_leaves_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "diverged")
+            out = os.path.join(tmp, "deep", "er", "diverged")
             argv = ["--steps", "3", "--lr", "10", "--temperature", "0.05", "--updates-per-batch", "4",
                     "--output", out]
             code, stdout, stderr = run_main(online_tokens.main, argv)
@@ -251,7 +251,7 @@ class OnlineValidation(unittest.TestCase):
             self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
             self.assertIn("diverged", stderr)
             self.assertIn("--lr", stderr)
-            self.assertFalse(os.path.exists(out))
+            self.assertEqual(os.listdir(tmp), [])  # not even the parent folders
         with self.assertRaises(online_tokens.TrainingDiverged):
             online_tokens.train(steps=3, learning_rate=10.0, temperature=0.05, updates_per_batch=4)
 
@@ -294,6 +294,8 @@ class OnlineCLI(unittest.TestCase):
             ("--reduction", ["--reduction", "mean"]),
             ("--max-new-tokens", ["--max-new-tokens", "65"]),
             ("--lr", ["--lr", "-0.1"]),
+            ("--temperature", ["--temperature", "5e-324"]),  # would overflow every tempered logit
+            ("--prompts", ["--prompts", "4096", "--group-size", "1024", "--max-new-tokens", "64"]),  # ~15 GB
         ]
         for flag, argv in cases:
             with self.subTest(argv=argv):

@@ -146,16 +146,36 @@ class Plotter(unittest.TestCase):
         code, _, stderr = run_main(plot_results.main, ["--input", chain, "--output", self.path("z" * 300 + ".svg")])
         self.assertEqual((code, "longer than" in stderr), (2, True))
 
-    def test_plotter_never_imports_torch(self):
+    def test_plotter_never_imports_torch_and_stays_quiet_without_a_writable_home(self):
+        with open(self.path("a-file"), "w", encoding="utf-8") as handle:
+            handle.write("not a folder\n")
+        # no folder can be made under a file, even by root: matplotlib falls back to a temporary one
+        environment = {key: value for key, value in os.environ.items() if not key.startswith(("XDG_", "MPL"))}
+        environment["HOME"] = self.path("a-file", "home")
         script = (
             "import sys, plot_results; "
             f"code = plot_results.main(['--input', {os.path.join(HERE, 'results-chain')!r}, '--output', "
             f"{self.path('chain.svg')!r}]); print(code, 'torch' in sys.modules)"
         )
         result = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, cwd=HERE,
-                                check=False)
+                                check=False, env=environment)
         self.assertEqual(result.stdout.split()[-2:], ["0", "False"], result.stderr)
+        self.assertEqual(result.stderr, "")
         self.assertTrue(os.path.exists(self.path("chain.svg")))
+
+    def test_a_pipe_or_a_device_as_input_is_refused_and_creates_nothing(self):
+        os.makedirs(self.path("fifo"))
+        os.mkfifo(self.path("fifo", "ppo.csv"))  # reading it would block forever
+        os.makedirs(self.path("zero"))
+        os.symlink("/dev/zero", self.path("zero", "ppo-chain.csv"))  # reading it would never end
+        for folder in ("fifo", "zero"):
+            with self.subTest(input=folder):
+                out = self.path("new", "figure.svg")
+                code, _, stderr = run_main(plot_results.main, ["--input", self.path(folder), "--output", out])
+                self.assertEqual(code, 1)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn("not a regular file", stderr)
+                self.assertFalse(os.path.exists(self.path("new")))
 
 
 

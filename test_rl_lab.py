@@ -538,6 +538,70 @@ class ExtremeInput(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "input_ids"):
             response_token_logps(torch.zeros(2, 5, 5, dtype=DTYPE), FIXTURE_IDS.to(torch.uint8), FIXTURE_MASK)
 
+    def test_a_ratio_the_clip_decides_is_finite_with_zero_gradient_however_large(self):
+        # A > 0: the clipped branch -(1 + eps) * A, gradient 0; A = 0: 0 (never inf * 0 = NaN)
+        for dtype, logratio in ((torch.float64, 1000.0), (torch.float32, 100.0), (torch.float16, 12.0)):
+            for advantage, expected in ((1.0, -1.2), (0.0, 0.0)):
+                with self.subTest(dtype=dtype, advantage=advantage):
+                    logp = torch.tensor([logratio], dtype=dtype, requires_grad=True)
+                    loss = clipped_policy_loss(logp, torch.zeros(1, dtype=dtype), torch.tensor([advantage], dtype=dtype))
+                    loss.sum().backward()
+                    self.assertAlmostEqual(loss.item(), expected, places=2)
+                    self.assertEqual(logp.grad.item(), 0.0)
+        logp = t([[800.0, -1.0]], requires_grad=True)  # a kept token at log-ratio 800 inside GRPO
+        loss = grpo_policy_loss(logp, t([[0.0, -1.0]]), t([[800.0, -1.0]]), t([1.0]), torch.ones(1, 2), beta=0.1)
+        loss.backward()
+        self.assertAlmostEqual(loss.item(), -(1.2 + 1.0) / 2, places=12)
+        self.assertEqual(logp.grad[0, 0].item(), 0.0)  # clipped; its k3 term is exactly 0 (ref = logp)
+
+    def test_losses_that_overflow_are_refused_with_the_limit(self):
+        cases = [
+            ("logp", "708.8", lambda: clipped_policy_loss(t([1000.0]), t([0.0]), t([-1.0]))),
+            ("policy_logps", "708.8", lambda: token_kl_penalty(t([-1000.0]), t([0.0]))),
+            ("rewards", "overflows", lambda: group_advantages(t([[1e300, -1e300]]))),
+            ("rewards", "overflows", lambda: group_advantages(t([[1e160, -1e160, 0.0]]))),
+            ("max_new_tokens", "longest completion (3 tokens)",
+             lambda: reduce_token_loss(t([[1.0, 1.0, 1.0]]), torch.ones(1, 3), "constant", max_new_tokens=1)),
+        ]
+        for name, text, call in cases:
+            with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                call()
+            self.assertTrue(str(caught.exception).startswith(name), caught.exception)
+            self.assertIn(text, str(caught.exception))
+        # just inside the limits the values are exact
+        self.assertEqual(group_advantages(t([[1e150, -1e150]])).tolist(), [[1.0, -1.0]])
+        self.assertEqual(reduce_token_loss(t([[1.0, 1.0, 0.0]]), torch.tensor([[1, 1, 0]]), "constant", 2).item(), 1.0)
+
+    def test_narrow_integer_ids_are_compared_in_int64(self):
+        # 300 would wrap round to 44 in int8; V = 40000 would wrap in int16
+        self.assertEqual(completion_mask(torch.tensor([[1, 44, 3]], dtype=torch.int8), 300).tolist(), [[1, 1, 1]])
+        self.assertEqual(completion_mask(torch.tensor([[1, 44, 3]], dtype=torch.int8), 44).tolist(), [[1, 1, 0]])
+        ids = torch.tensor([[0, 30000, 5]], dtype=torch.int16)
+        token_logps, _ = response_token_logps(torch.zeros(1, 3, 40000, dtype=DTYPE), ids, torch.tensor([[False, True, True]]))
+        torch.testing.assert_close(token_logps, t([[-math.log(40000.0)] * 2]), rtol=0, atol=1e-12)
+
+    def test_tensors_the_atoms_cannot_handle_are_value_errors_naming_the_argument(self):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # nested tensors announce themselves as a prototype
+            nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+        good = t([-1.0, -2.0])
+        cases = [
+            ("CPU tensor", torch.zeros(2, device="meta")),
+            ("dense tensor", torch.zeros(2, dtype=DTYPE).to_sparse()),
+            ("dense tensor", nested),
+            ("floating-point", torch.zeros(2, dtype=torch.float8_e4m3fn)),
+            ("floating-point", torch.zeros(2, dtype=torch.complex128)),
+        ]
+        for text, bad in cases:
+            with self.subTest(kind=text), self.assertRaises(ValueError) as caught:
+                clipped_policy_loss(good, bad, good)
+            self.assertTrue(str(caught.exception).startswith("old_logp"), caught.exception)
+            self.assertIn(text, str(caught.exception))
+        with self.assertRaisesRegex(ValueError, "^completion_ids.*signed integer"):
+            completion_mask(torch.zeros(1, 2, dtype=torch.uint16), 2)
+
     def test_evaluate_rejects_tables_of_the_wrong_shape_or_kind(self):
         cases = [
             ("logits", ("abc",)),
@@ -776,6 +840,7 @@ class BanditCLI(unittest.TestCase):
             ("--grpo-prompts", ["--grpo-prompts", "0"]),
             ("--algorithm", ["--algorithm", "sac"]),
             ("--steps", ["--steps", "ten"]),
+            ("--group-size", ["--grpo-prompts", "4096", "--group-size", "4096"]),  # 16.7M actions per iteration
         ]
         for flag, argv in cases:
             with self.subTest(argv=argv):
