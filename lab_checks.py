@@ -88,6 +88,14 @@ def check_same_dtype(names_and_tensors):
             raise ValueError(f"{name}: expected dtype {first.dtype} like {first_name}, got {tensor.dtype}")
 
 
+def check_matching(pairs, *, kind="float", ndim=None):
+    """check_tensor on every (name, tensor) of `pairs`, then the same shape and dtype as the first."""
+    for name, value in pairs:
+        check_tensor(name, value, kind=kind, ndim=ndim)
+    check_same_shape(pairs)
+    check_same_dtype(pairs)
+
+
 def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False):
     """Validate a real scalar (int or float, not bool, finite) within [low, high] and return it as float.
 

@@ -49,6 +49,7 @@ from rl_lab import (  # noqa: E402
     DTYPE,
     SEED_LIMIT,
     cispo_policy_loss,
+    clip_fraction,
     completion_mask,
     group_relative_advantages,
     grpo_policy_loss,
@@ -85,7 +86,7 @@ DEFAULTS = {
 COLUMNS = [
     "step", "optimizer_steps", "tokens_sampled", "total_tokens_sampled", "reward_mean", "success_rate",
     "partial_rate", "mean_response_length", "truncated_fraction", "zero_group_fraction", "ratio_min",
-    "ratio_max", "clip_fraction_naive", "clip_fraction_effective", "capped_fraction", "kl_k3", "entropy",
+    "ratio_max", "clip_fraction", "outside_clip_range_fraction", "capped_fraction", "kl_k3", "entropy",
     "loss", "success_probability",
 ]
 
@@ -365,20 +366,18 @@ def compute_advantages(state, batch):
 def clip_diagnostics(ratio, advantages, loss, epsilon, epsilon_high):
     """Shares of tokens, for ratios (K,) and their sequences' advantages (K,):
 
-    - clip_fraction_naive: |ratio - 1| > epsilon, the usual PPO count;
-    - clip_fraction_effective: tokens whose policy-gradient term the loss zeroes. GRPO's PPO-Clip zeroes
-      it only on the side the policy already moved toward: A > 0 and ratio > 1 + eps, or A < 0 and
-      ratio < 1 - eps (the other side keeps the unclipped branch and its gradient). CISPO never zeroes
-      it: 0. (The k3 term still passes gradient in both.)
+    - clip_fraction: tokens whose policy-gradient term the loss zeroes (rl_lab.clip_fraction, the
+      bandit's definition and TRL's and verl's). GRPO's PPO-Clip zeroes it only on the side the policy
+      already moved toward: A > 0 and ratio > 1 + eps, or A < 0 and ratio < 1 - eps. CISPO never
+      zeroes it: 0. (The KL term still passes gradient in both.)
+    - outside_clip_range_fraction: |ratio - 1| > epsilon, the naive count (a ratio outside the range
+      on the unfavourable side keeps its gradient, so it is larger);
     - capped_fraction: ratio > epsilon_high, where CISPO caps the detached weight; for GRPO only a count.
     """
-    if loss == "grpo":
-        zeroed = ((advantages > 0) & (ratio > 1.0 + epsilon)) | ((advantages < 0) & (ratio < 1.0 - epsilon))
-    else:
-        zeroed = torch.zeros_like(ratio, dtype=torch.bool)
+    zeroed = clip_fraction(ratio, advantages, epsilon, check=False).item() if loss == "grpo" else 0.0
     return {
-        "clip_fraction_naive": ((ratio - 1.0).abs() > epsilon).double().mean().item(),
-        "clip_fraction_effective": zeroed.double().mean().item(),
+        "clip_fraction": zeroed,
+        "outside_clip_range_fraction": ((ratio - 1.0).abs() > epsilon).double().mean().item(),
         "capped_fraction": (ratio > epsilon_high).double().mean().item(),
     }
 
@@ -410,7 +409,7 @@ def update(state, batch):
     kept = batch["mask"].bool()
     signs = batch["advantages"].unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
     losses, ratios = [], []
-    diagnostics = {"clip_fraction_naive": [], "clip_fraction_effective": [], "capped_fraction": []}
+    diagnostics = {"clip_fraction": [], "outside_clip_range_fraction": [], "capped_fraction": []}
     for _ in range(run_config["updates_per_batch"]):
         logps = token_logps(state["table"], batch["prompts"], batch["completion_ids"], run_config["temperature"])
         _check_exponents(logps.detach(), batch, kept)
@@ -475,6 +474,15 @@ def record(state, batch, update_diagnostics, step):
     return {name: row[name] for name in COLUMNS}
 
 
+def initial_row(state):
+    """Row 0, the initial evaluation, as in every CSV of the lab: the exact success probability of the
+    initial policy; nothing is sampled or updated yet, so every other column is 0."""
+    row = {name: 0.0 for name in COLUMNS}
+    row.update({"step": 0, "optimizer_steps": 0, "tokens_sampled": 0, "total_tokens_sampled": 0})
+    row["success_probability"] = success_probability(state["table"].detach(), state["config"]["temperature"])
+    return row
+
+
 def decode_batch(batch, group_size, groups=2):
     """The first `groups` groups of a batch as readable text: prompt, response, reward, advantage."""
     decoded = []
@@ -497,7 +505,7 @@ def train(**overrides):
 
     Keyword arguments override DEFAULTS (loss, reduction, steps, seed, prompts, group_size,
     max_new_tokens, temperature, updates_per_batch, beta, epsilon, epsilon_high, learning_rate).
-    rows: one dict per iteration with COLUMNS. report: settings, the exact initial success
+    rows: row 0 (the initial evaluation), then one dict per iteration, with COLUMNS. report: settings, the exact initial success
     probability, the first batch decoded, and the final row. Raises ValueError naming a bad setting.
     """
     return run(setup(**overrides))
@@ -507,8 +515,7 @@ def train(**overrides):
 @torch_threads(1)  # tiny tensors: more threads only wait for each other (see lab_checks.torch_threads)
 def run(state):
     """The training loop of `train` on a prepared `setup` state: (rows, report)."""
-    initial_success = success_probability(state["table"].detach(), state["config"]["temperature"])
-    rows, first_batch = [], None
+    rows, first_batch = [initial_row(state)], None
     for step in range(1, state["config"]["steps"] + 1):
         batch = compute_advantages(state, rollout(state))
         if first_batch is None:
@@ -517,7 +524,7 @@ def run(state):
         rows.append(record(state, batch, update_diagnostics, step))
     report = {
         "settings": _settings(state["config"]),
-        "initial_success_probability": initial_success,
+        "initial_success_probability": rows[0]["success_probability"],
         "first_batch": first_batch,
         "final": rows[-1],
     }
@@ -571,7 +578,8 @@ def build_parser():
 
 def summary_text(rows, report, seconds):
     """A few readable lines: start, end, and the first group of the first batch."""
-    first, last = rows[0], rows[-1]
+    first, last = rows[1], rows[-1]  # rows[0] is the initial evaluation: nothing sampled yet
+    trained = rows[1:]
     settings = report["settings"]
     lines = [
         f"online {settings['loss']} ({settings['reduction']} reduction), {settings['steps']} iterations of "
@@ -579,10 +587,9 @@ def summary_text(rows, report, seconds):
         f"  exact success probability {report['initial_success_probability']:.4f} -> {last['success_probability']:.4f}",
         f"  sampled success rate {first['success_rate']:.3f} (first batch) -> {last['success_rate']:.3f} (last batch); "
         f"mean response length {first['mean_response_length']:.2f} -> {last['mean_response_length']:.2f}",
-        f"  last iteration: kl_k3 {last['kl_k3']:.4f}, clip fraction naive {last['clip_fraction_naive']:.4f}, "
-        f"effective {last['clip_fraction_effective']:.4f}; mean over the run: naive "
-        f"{math.fsum(row['clip_fraction_naive'] for row in rows) / len(rows):.4f}, effective "
-        f"{math.fsum(row['clip_fraction_effective'] for row in rows) / len(rows):.4f}; "
+        f"  last iteration: kl_k3 {last['kl_k3']:.4f}, clip_fraction {last['clip_fraction']:.4f}; mean over the "
+        f"run: clip_fraction {math.fsum(row['clip_fraction'] for row in trained) / len(trained):.4f} (outside the "
+        f"clip range: {math.fsum(row['outside_clip_range_fraction'] for row in trained) / len(trained):.4f}); "
         f"{last['total_tokens_sampled']} tokens sampled",
         f"  training loop {seconds:.2f} s, {last['total_tokens_sampled'] / seconds:,.0f} tokens/s (sampling, scoring "
         "and updates; machine-dependent, so printed here and kept out of the files, which stay byte-identical)",

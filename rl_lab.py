@@ -29,10 +29,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lab_checks import (  # noqa: E402
+    check_choice,
     check_int,
     exp_limit,
     check_real,
     check_same_dtype,
+    check_matching,
     check_same_shape,
     check_tensor,
     torch_threads,
@@ -55,13 +57,52 @@ SEED_LIMIT = 2**63
 # ---------------------------------------------------------------------------------------------
 # Atoms
 # ---------------------------------------------------------------------------------------------
+# Every atom checks its arguments and raises ValueError naming the one that is wrong. The keyword
+# `check=False` skips those checks: a training loop passes it for tensors it built itself (finite,
+# of the right shapes by construction), and an atom passes it to the atoms it calls after checking
+# its own arguments, so nothing is scanned twice per step. The maths is the same either way.
+#
+# The families, in this order: the clipped policy loss and its diagnostic; preference losses (DPO
+# and its family); advantages (group, leave-one-out, GAE); KL (exact, k1, k2, k3); token sequences
+# (causal shift, masks, reductions); sequence policy losses (GRPO, CISPO, GSPO, SAPO); corrections
+# and shaping (truncated importance weights, the overlong penalty).
 
 
-def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2):
+# --- the clipped policy loss -----------------------------------------------------------------
+
+
+def _clip_range(epsilon, epsilon_high, dual_clip):
+    """Checked (epsilon, epsilon_high, dual_clip); epsilon_high None means epsilon (a symmetric range)."""
+    epsilon = check_real("epsilon", epsilon, low=0.0, high=1.0, high_open=True)
+    if epsilon_high is not None:
+        epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, high=1e6)
+    if dual_clip is not None:
+        dual_clip = check_real("dual_clip", dual_clip, low=1.0, high=1e12, low_open=True)
+    return epsilon, epsilon_high, dual_clip
+
+
+def _refuse_overflow(name, logratio, advantages):
+    """Raise ValueError naming `name` where A < 0 and the log-ratio exceeds exp_limit: there the loss
+    is -A * exp(log-ratio) itself, which the dtype cannot hold (a clamp would give a wrong value)."""
+    limit = exp_limit(logratio.dtype)
+    if bool((logratio.detach() > limit).any()) and bool(((logratio.detach() > limit) & (advantages < 0)).any()):
+        raise ValueError(
+            f"{name}: the log-ratio to the old policy exceeds {limit:.1f} nats where advantages < 0, so the loss "
+            f"-A * exp(log-ratio) overflows {logratio.dtype} (dual_clip bounds it)"
+        )
+
+
+def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
     """PPO-Clip surrogate, elementwise, as a loss to MINIMIZE (PPO, arXiv 1707.06347, eq. 7).
 
         ratio = exp(logp - old_logp)
-        loss  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
+        loss  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)
+        dual-clip c:  loss = min(loss, -c * A) where A < 0
+
+    epsilon_high (DAPO's "clip-higher", arXiv 2503.14476, sec. 3.1, eq. 10) widens the upper end
+    alone, so a rare token with A > 0 can grow further before the clip stops it; None keeps the range
+    symmetric. dual_clip (dual-clip PPO, Ye et al., arXiv 1912.09729) bounds the loss of an A < 0
+    element whose ratio ran far above 1: its unclipped -ratio * A would grow without limit.
 
     Args:
         logp: (...) float, log-probabilities (nats) of the taken actions under the current policy;
@@ -69,43 +110,92 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2):
         old_logp: (...) same shape and dtype, log-probabilities under the sampling (old) policy;
             detached here, because the denominator of the ratio must stay fixed during the epochs.
         advantages: (...) same shape and dtype; detached here (the actor must not train the critic).
-        epsilon: clip half-width, in [0, 1).
+        epsilon: lower clip half-width, in [0, 1). epsilon_high: upper half-width >= 0, or None.
+        dual_clip: c > 1, or None for no dual clip.
+        check: validate the arguments (see the note above the atoms).
     Returns:
         (...) per-element loss, no reduction.
     Raises:
         ValueError naming the argument for a non-tensor, empty, non-finite, mismatched shape/dtype
-        or an epsilon outside [0, 1); and for a loss that overflows the dtype: an element with A < 0
-        whose log-ratio exceeds `exp_limit` (about 708.8 nats in float64, 87.7 in float32, 10.1 in
-        float16), where the unclipped branch -A * ratio is the loss and is not representable.
+        or a scalar out of range; and for a loss that overflows the dtype: without dual_clip, an
+        element with A < 0 whose log-ratio exceeds `exp_limit` (about 708.8 nats in float64, 87.7 in
+        float32, 10.1 in float16), where -A * ratio is the loss and is not representable.
 
     Extreme but finite log-ratios are safe where the clip decides the value: the log-ratio is clamped
-    at `exp_limit` before exp(), so A > 0 with a huge ratio gives the clipped -(1 + eps) * A and a
-    zero gradient, and A = 0 gives 0 (never inf * 0 = NaN). Below the limit nothing changes.
+    at `exp_limit` before exp(), so A > 0 with a huge ratio gives the clipped -(1 + eps_high) * A and
+    a zero gradient, and A = 0 gives 0 (never inf * 0 = NaN). Below the limit nothing changes.
     """
-    for name, value in (("logp", logp), ("old_logp", old_logp), ("advantages", advantages)):
-        check_tensor(name, value)
-    pairs = [("logp", logp), ("old_logp", old_logp), ("advantages", advantages)]
-    check_same_shape(pairs)
-    check_same_dtype(pairs)
-    epsilon = check_real("epsilon", epsilon, low=0.0, high=1.0, high_open=True)
+    if check:
+        check_matching([("logp", logp), ("old_logp", old_logp), ("advantages", advantages)])
+        epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
     old_logp = old_logp.detach()
     advantages = advantages.detach()
     logratio = logp - old_logp
     limit = exp_limit(logratio.dtype)
-    if bool((logratio.detach() > limit).any()) and bool(((logratio.detach() > limit) & (advantages < 0)).any()):
-        raise ValueError(
-            f"logp: logp - old_logp exceeds {limit:.1f} nats on an element with advantages < 0, where the loss "
-            f"-A * exp(logp - old_logp) overflows {logratio.dtype}"
-        )
-    # clamped before exp(): beyond the limit only A >= 0 elements remain, whose value the clip decides
+    if check and dual_clip is None:
+        _refuse_overflow("logp", logratio, advantages)
+    # clamped before exp(): beyond the limit only elements whose value a clip decides remain
     ratio = logratio.clamp(max=limit).exp()
     pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * ratio.clamp(1.0 - epsilon, 1.0 + epsilon)
+    pg_loss2 = -advantages * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
     # max of the negatives == -min of the objectives: the pessimistic bound of eq. 7
-    return torch.maximum(pg_loss1, pg_loss2)
+    loss = torch.maximum(pg_loss1, pg_loss2)
+    if dual_clip is not None:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    return loss
 
 
-def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5):
+def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
+    """Share of elements whose policy-gradient term PPO-Clip zeroes: the lab's `clip_fraction`.
+
+        clipped = (A > 0 and ratio > 1 + eps_high) or (A < 0 and ratio < 1 - eps)
+                  or, with dual_clip c, (A < 0 and ratio > c)
+
+    This is the count TRL (clip_ratio/region_mean) and verl (pg_clipfrac) log. A ratio outside the
+    range on the other side keeps the unclipped branch and its gradient, so the naive count
+    |ratio - 1| > eps is larger. CISPO never zeroes a token (its weight is capped, the gradient kept).
+
+    Args:
+        ratio: (...) float, current/old probability ratios (detached here).
+        advantages: (...) same shape and dtype (detached here).
+        epsilon, epsilon_high, dual_clip: as `clipped_policy_loss`.
+    Returns:
+        0-dim tensor in [0, 1], without grad.
+    Raises:
+        ValueError naming the argument for bad tensors or scalars.
+    """
+    if check:
+        check_matching([("ratio", ratio), ("advantages", advantages)])
+        epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    ratio, advantages = ratio.detach(), advantages.detach()
+    clipped = ((advantages > 0) & (ratio > 1.0 + epsilon_high)) | ((advantages < 0) & (ratio < 1.0 - epsilon))
+    if dual_clip is not None:
+        clipped = clipped | ((advantages < 0) & (ratio > dual_clip))
+    return clipped.to(ratio.dtype).mean()
+
+
+# --- preference losses: DPO and its family ---------------------------------------------------
+
+
+def _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check):
+    """beta * ((chosen - rejected) - (ref_chosen - ref_rejected)), the references detached."""
+    if check:
+        check_matching([("chosen", chosen), ("rejected", rejected), ("ref_chosen", ref_chosen),
+                        ("ref_rejected", ref_rejected)])
+        beta = check_real("beta", beta, low=0.0, low_open=True)
+    ref_margin = ref_chosen.detach() - ref_rejected.detach()
+    return beta * ((chosen - rejected) - ref_margin)
+
+
+def _label_smoothing(label_smoothing, check):
+    if check:
+        return check_real("label_smoothing", label_smoothing, low=0.0, high=0.5, high_open=True)
+    return label_smoothing
+
+
+def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
     """Direct Preference Optimization loss, elementwise (DPO, arXiv 2305.18290, eq. 7).
 
         margin = (chosen - rejected) - (ref_chosen - ref_rejected)
@@ -116,192 +206,210 @@ def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5):
             preferred and dispreferred answers under the trained policy (no length normalization).
         ref_chosen, ref_rejected: same shape and dtype, under the frozen reference; detached here.
         beta: > 0, the KL-regularization strength of the implicit reward beta * log(pi/pi_ref).
+        check: validate the arguments (see the note above the atoms).
     Returns:
         (...) per-pair loss. At policy == reference it is ln 2 for every pair (with nonzero gradient).
     Raises:
         ValueError naming the argument for bad tensors or beta <= 0.
+    TRL: DPOConfig(loss_type="sigmoid", beta=...).
     """
-    pairs = [("chosen", chosen), ("rejected", rejected), ("ref_chosen", ref_chosen), ("ref_rejected", ref_rejected)]
-    for name, value in pairs:
-        check_tensor(name, value)
-    check_same_shape(pairs)
-    check_same_dtype(pairs)
-    beta = check_real("beta", beta, low=0.0, low_open=True)
-    ref_margin = ref_chosen.detach() - ref_rejected.detach()
-    margin = (chosen - rejected) - ref_margin
     # logsigmoid is stable for large |margin|; log(sigmoid(x)) underflows to -inf for x << 0
-    return -F.logsigmoid(beta * margin)
+    return -F.logsigmoid(_preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check))
 
 
-def group_advantages(rewards, epsilon=1e-8):
+def ipo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
+    """Identity Preference Optimization loss, elementwise (IPO, Azar et al., arXiv 2310.12036, eq. 17).
+
+        margin = (chosen - rejected) - (ref_chosen - ref_rejected)
+        loss   = (margin - 1 / (2 * beta)) ** 2
+
+    A squared loss with a target margin of 1/(2 beta) nats instead of an ever larger one: it stops
+    pushing once the margin is reached (DPO's loss keeps falling as the margin grows). Zero exactly
+    at margin = 1/(2 beta). Arguments and errors as `dpo_loss` (beta is IPO's tau).
+    TRL: DPOConfig(loss_type="ipo"), which feeds length-AVERAGED log-probs; pass those for its numbers.
+    """
+    margin = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, 1.0, check)
+    if check:
+        beta = check_real("beta", beta, low=0.0, low_open=True)
+    return (margin - 1.0 / (2.0 * beta)).square()
+
+
+def dpo_hinge_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
+    """Hinge preference loss, elementwise (the calibration loss of SLiC-HF, Zhao et al., arXiv 2305.10425).
+
+        loss = relu(1 - beta * margin)
+
+    Zero once beta * margin >= 1, i.e. beyond a margin of 1/beta nats: pairs already separated stop
+    contributing. Arguments and errors as `dpo_loss`. TRL: DPOConfig(loss_type="hinge").
+    """
+    return torch.relu(1.0 - _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check))
+
+
+def cdpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.0, *, check=True):
+    """Conservative DPO: DPO with label smoothing for noisy labels (Mitchell, 2023, "A note on DPO with
+    noisy preferences & relationship to IPO").
+
+        loss = (1 - e) * -logsigmoid(beta * margin) + e * -logsigmoid(-beta * margin)
+
+    The label is believed with probability 1 - e: the loss has a minimum at a finite margin instead
+    of rewarding an infinite one. e = label_smoothing in [0, 0.5); e = 0 is `dpo_loss`.
+    Arguments and errors as `dpo_loss`. TRL: DPOConfig(loss_type="sigmoid", label_smoothing=e) up to
+    version 0.28; later versions removed it (their "sigmoid" ignores label_smoothing).
+    """
+    logits = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check)
+    e = _label_smoothing(label_smoothing, check)
+    return (1.0 - e) * -F.logsigmoid(logits) + e * -F.logsigmoid(-logits)
+
+
+def robust_dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.0, *, check=True):
+    """Robust DPO, elementwise (rDPO, Chowdhury et al., arXiv 2403.00409).
+
+        loss = ((1 - e) * -logsigmoid(beta * margin) - e * -logsigmoid(-beta * margin)) / (1 - 2e)
+
+    An unbiased estimate of the clean-label DPO loss when each label is flipped with probability e
+    (its expectation over the noise equals `dpo_loss` on the true labels); e in [0, 0.5), e = 0 is
+    `dpo_loss`. Unlike cDPO it can go negative. TRL: DPOConfig(loss_type="robust", label_smoothing=e).
+    """
+    logits = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check)
+    e = _label_smoothing(label_smoothing, check)
+    return ((1.0 - e) * -F.logsigmoid(logits) - e * -F.logsigmoid(-logits)) / (1.0 - 2.0 * e)
+
+
+def simpo_loss(chosen_avg, rejected_avg, beta=2.0, gamma=0.5, *, check=True):
+    """SimPO loss, elementwise (Meng et al., arXiv 2405.14734, eq. 6): no reference model.
+
+        loss = -logsigmoid(beta * (chosen_avg - rejected_avg) - gamma)
+
+    Args:
+        chosen_avg, rejected_avg: (B,) float, length-AVERAGED log-probs (sum / number of response
+            tokens) of the two answers under the trained policy; averaging removes the pull toward
+            longer answers that summed log-probs carry.
+        beta: > 0. gamma: >= 0, the target reward margin (nats after scaling by beta).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B,) per-pair loss.
+    Raises:
+        ValueError naming the argument for bad tensors or scalars.
+    TRL: CPOConfig(loss_type="simpo", cpo_alpha=0.0, simpo_gamma=gamma, beta=beta).
+    """
+    if check:
+        check_matching([("chosen_avg", chosen_avg), ("rejected_avg", rejected_avg)])
+        beta = check_real("beta", beta, low=0.0, low_open=True)
+        gamma = check_real("gamma", gamma, low=0.0)
+    return -F.logsigmoid(beta * (chosen_avg - rejected_avg) - gamma)
+
+
+# --- advantages ----------------------------------------------------------------------------
+
+
+GROUP_SCALES = ("group", "batch", "none")
+
+
+def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
     """Group-relative advantages of outcome-supervised GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2).
 
-        A[b, g] = (R[b, g] - mean_g R[b]) / (population_std_g R[b] + epsilon)
+        A[b, g] = (R[b, g] - mean_g R[b]) / (std + epsilon)
+
+    scale chooses the std (population std, dividing by G or by B*G):
+    - "group": the row's own std (GRPO, the default);
+    - "batch": the std of all B*G rewards, so prompts keep their relative scale;
+    - "none": no division, A = R - row mean (Dr. GRPO, arXiv 2503.20783, sec. 3.1: dividing by the
+      group's std up-weights prompts that are almost always or almost never solved).
 
     Args:
         rewards: (B, G) float, G >= 2 samples of the same prompt per row; detached here.
         epsilon: > 0 added to the std so that a near-constant group does not divide by ~0
             (it is unrelated to the PPO clip width).
+        scale: "group", "batch" or "none".
+        check: validate the arguments (see the note above the atoms).
     Returns:
         (B, G) advantages without grad, same dtype. A row whose rewards are all equal gives exact
-        zeros (set explicitly: the float mean of equal values need not equal them bit for bit).
+        zeros whatever the scale (set explicitly: the float mean of equal values need not equal them).
     Raises:
-        ValueError naming the argument for a non-2-D or non-finite tensor, G < 2, epsilon <= 0, or
-        rewards so large that their std overflows the dtype (in float64 beyond about 1e153 in magnitude).
+        ValueError naming the argument for a non-2-D or non-finite tensor, G < 2, epsilon <= 0, an
+        unknown scale, or rewards so large that their std overflows the dtype (in float64 beyond
+        about 1e153 in magnitude).
+    TRL: GRPOConfig(scale_rewards="group"|"batch"|"none") (TRL's std is the unbiased one, its eps
+    1e-4, and its "batch" std is over the raw rewards); verl: algorithm.norm_adv_by_std_in_grpo.
     """
-    check_tensor("rewards", rewards, ndim=2)
-    if rewards.shape[1] < 2:
-        raise ValueError(f"rewards: expected at least 2 samples per group (shape (B, G>=2)), got {tuple(rewards.shape)}")
-    epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
+    if check:
+        check_tensor("rewards", rewards, ndim=2)
+        if rewards.shape[1] < 2:
+            raise ValueError(f"rewards: expected at least 2 samples per group (shape (B, G>=2)), got {tuple(rewards.shape)}")
+        epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
+        check_choice("scale", scale, GROUP_SCALES)
     rewards = rewards.detach()
     mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
-    population_std = rewards.std(dim=1, correction=0, keepdim=True)  # (B, 1), divides by G
+    constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
+    centered = torch.where(constant_group, torch.zeros_like(rewards), rewards - mean)
+    if scale == "none":
+        return centered
+    if scale == "group":
+        population_std = rewards.std(dim=1, correction=0, keepdim=True)  # (B, 1), divides by G
+    else:
+        population_std = rewards.std(correction=0)  # scalar, divides by B*G
     if not bool(torch.isfinite(population_std).all() and torch.isfinite(mean).all()):
         # the squares overflowed: dividing by an inf std would turn every advantage into 0
         raise ValueError(f"rewards: values too large, their std overflows {rewards.dtype} (rescale the rewards)")
-    constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
-    centered = torch.where(constant_group, torch.zeros_like(rewards), rewards - mean)
     return centered / (population_std + epsilon)
 
 
-def group_relative_advantages(rewards, num_generations, eps=1e-4):
+def group_relative_advantages(rewards, num_generations, eps=1e-4, scale="group", *, check=True):
     """The lesson's flat form of `group_advantages` (MiniMind train_grpo.py; DeepSeekMath sec. 4.1.2).
 
     Args:
         rewards: (B*G,) float, prompt-major: prompt i's generations sit at i*G .. i*G+G-1; detached.
         num_generations: G >= 2, an int.
         eps: > 0 added to the population std (the lesson's default 1e-4).
+        scale: "group", "batch" or "none", as `group_advantages`.
+        check: validate the arguments (see the note above the atoms).
     Returns:
         (B*G,) advantages without grad; a group of equal rewards gives exact zeros.
     Raises:
         ValueError naming the argument for a non-1-D tensor, a length not divisible by G, G < 2.
     """
-    check_tensor("rewards", rewards, ndim=1)
-    num_generations = check_int("num_generations", num_generations, low=2)
-    eps = check_real("eps", eps, low=0.0, low_open=True)
-    if rewards.numel() % num_generations != 0:
-        raise ValueError(
-            f"rewards: length {rewards.numel()} is not divisible by num_generations={num_generations}"
-        )
+    if check:
+        check_tensor("rewards", rewards, ndim=1)
+        num_generations = check_int("num_generations", num_generations, low=2)
+        eps = check_real("eps", eps, low=0.0, low_open=True)
+        if rewards.numel() % num_generations != 0:
+            raise ValueError(
+                f"rewards: length {rewards.numel()} is not divisible by num_generations={num_generations}"
+            )
     grouped = rewards.reshape(-1, num_generations)  # (B*G,) -> (B, G)
-    return group_advantages(grouped, epsilon=eps).reshape(-1)  # (B, G) -> (B*G,)
+    return group_advantages(grouped, epsilon=eps, scale=scale, check=check).reshape(-1)  # (B, G) -> (B*G,)
 
 
-def categorical_kl(logits, reference_logits):
-    """Exact forward KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
+def rloo_advantages(rewards, *, check=True):
+    """REINFORCE leave-one-out advantages (Kool et al., ICLR 2019 workshop, "Buy 4 REINFORCE Samples, Get
+    a Baseline for Free!"; RLOO, Ahmadian et al., arXiv 2402.14740): each sample's baseline is the mean
+    reward of the OTHER samples of its prompt.
 
-        KL = sum_a p(a) * (log p(a) - log q(a))
+        A[b, i] = R[b, i] - (sum_j R[b, j] - R[b, i]) / (G - 1)  =  G / (G - 1) * (R[b, i] - mean_j R[b, j])
 
+    The baseline does not depend on the sample it is subtracted from, so the policy gradient stays
+    unbiased; no std is divided out.
     Args:
-        logits: (..., A) float, the trained policy; gradient flows to it.
-        reference_logits: same shape and dtype, the reference; detached here.
+        rewards: (B, G) float, G >= 2; detached here.
+        check: validate the arguments (see the note above the atoms).
     Returns:
-        (...) KL per row, >= 0.
+        (B, G) advantages without grad; a row of equal rewards gives exact zeros.
     Raises:
-        ValueError naming the argument for bad tensors, a shape mismatch or 0-D input.
+        ValueError naming the argument for a non-2-D or non-finite tensor or G < 2.
+    TRL: RLOOTrainer (normalize_advantages=False); verl: algorithm.adv_estimator=rloo.
     """
-    check_tensor("logits", logits)
-    check_tensor("reference_logits", reference_logits)
-    if logits.dim() == 0:
-        raise ValueError("logits: expected at least 1 dimension (..., A)")
-    check_same_shape([("logits", logits), ("reference_logits", reference_logits)])
-    check_same_dtype([("logits", logits), ("reference_logits", reference_logits)])
-    logp = F.log_softmax(logits, dim=-1)
-    ref_logp = F.log_softmax(reference_logits.detach(), dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+    if check:
+        check_tensor("rewards", rewards, ndim=2)
+        if rewards.shape[1] < 2:
+            raise ValueError(f"rewards: expected at least 2 samples per group (shape (B, G>=2)), got {tuple(rewards.shape)}")
+    rewards = rewards.detach()
+    group_size = rewards.shape[1]
+    leave_one_out_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)  # (B, G)
+    constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
+    return torch.where(constant_group, torch.zeros_like(rewards), rewards - leave_one_out_mean)
 
 
-def token_kl_penalty(policy_logps, ref_logps):
-    """The k3 estimator of KL(policy || ref) per token (DeepSeekMath, arXiv 2402.03300, eq. 4).
-
-        delta = ref_logp - policy_logp
-        kl_k3 = exp(delta) - delta - 1        (>= 0)
-
-    Its expectation over tokens sampled from the policy equals the exact KL; on tokens drawn from
-    another distribution it is biased.
-    Args:
-        policy_logps: (...) float log-probs (nats) of the taken tokens; gradient flows through it.
-        ref_logps: same shape and dtype, the frozen reference; detached here.
-    Returns:
-        (...) per-token k3 values.
-    Raises:
-        ValueError naming the argument for bad tensors or mismatched shape/dtype, or when
-        ref_logps - policy_logps exceeds `exp_limit` (about 708.8 nats in float64): exp() overflows.
-    """
-    pairs = [("policy_logps", policy_logps), ("ref_logps", ref_logps)]
-    for name, value in pairs:
-        check_tensor(name, value)
-    check_same_shape(pairs)
-    check_same_dtype(pairs)
-    delta = ref_logps.detach() - policy_logps
-    limit = exp_limit(delta.dtype)
-    if bool((delta.detach() > limit).any()):
-        raise ValueError(
-            f"policy_logps: ref_logps - policy_logps exceeds {limit:.1f} nats, so k3 = exp(delta) - delta - 1 "
-            f"overflows {delta.dtype}"
-        )
-    return delta.exp() - delta - 1.0
-
-
-def response_token_logps(logits, input_ids, response_mask):
-    """Per-token log-probs of the response tokens, with the causal shift.
-
-    Row t of the logits scores token t+1, so the scores live on positions 1..T-1:
-
-        logp   = log_softmax(logits[:, :-1])             # (B, T-1, V)
-        target = input_ids[:, 1:]                         # (B, T-1)
-        valid  = response_mask[:, 1:]                     # (B, T-1)
-
-    Args:
-        logits: (B, T, V) float, T >= 2.
-        input_ids: (B, T) signed integer token ids in [0, V) (int8 to int64; compared and gathered in int64).
-        response_mask: (B, T) bool, True on response tokens (a real EOS included), False on the
-            prompt and on padding. Decide it by position, never by `ids != eos_id`: when EOS and PAD
-            share an id that drops the real EOS.
-    Returns:
-        (token_logps (B, T-1) float with non-response positions exactly 0, valid (B, T-1) bool).
-    Raises:
-        ValueError naming the argument: wrong shapes/dtypes, T < 2, ids outside [0, V), a mask that
-        is True at position 0 (no logits row scores it), or a row with no response token.
-    """
-    check_tensor("logits", logits, ndim=3)
-    check_tensor("input_ids", input_ids, kind="int", ndim=2)
-    check_tensor("response_mask", response_mask, kind="bool", ndim=2)
-    batch, length, vocab = logits.shape
-    if input_ids.shape != (batch, length):
-        raise ValueError(f"input_ids: expected shape {(batch, length)} to match logits, got {tuple(input_ids.shape)}")
-    if response_mask.shape != (batch, length):
-        raise ValueError(
-            f"response_mask: expected shape {(batch, length)} to match logits, got {tuple(response_mask.shape)}"
-        )
-    if length < 2:
-        raise ValueError(f"logits: expected at least 2 positions (T >= 2) for the causal shift, got T={length}")
-    input_ids = input_ids.long()  # a narrow dtype would wrap round V (int16 cannot hold 40000)
-    if bool(((input_ids < 0) | (input_ids >= vocab)).any()):
-        raise ValueError(f"input_ids: expected ids in [0, {vocab}), got values outside")
-    if bool(response_mask[:, 0].any()):
-        raise ValueError("response_mask: position 0 cannot be a response token (no logits row predicts it)")
-    valid = response_mask[:, 1:]  # (B, T-1)
-    if not bool(valid.any(dim=1).all()):
-        raise ValueError("response_mask: every row needs at least one response token")
-    logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
-    targets = input_ids[:, 1:]  # (B, T-1)
-    token_logps = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1, 1) -> (B, T-1)
-    # where(), not multiplication: a masked position then contributes exactly 0 and no gradient
-    token_logps = torch.where(valid, token_logps, torch.zeros_like(token_logps))
-    return token_logps, valid
-
-
-def response_logps(logits, input_ids, response_mask):
-    """(B,) response-only sum of `response_token_logps` (the sequence log-prob used by DPO).
-
-    Same arguments and errors as `response_token_logps`.
-    """
-    token_logps, _ = response_token_logps(logits, input_ids, response_mask)
-    return token_logps.sum(dim=-1)  # (B, T-1) -> (B,)
-
-
-def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95):
+def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95, *, check=True):
     """Generalized Advantage Estimation over one temporal stream (GAE, arXiv 1506.02438, eq. 16).
 
         delta_t     = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t)
@@ -321,23 +429,22 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
             V(s_{t+1}) from the old critic. All detached here.
         terminated, boundary: (T,) bool.
         gamma, lam: in [0, 1].
+        check: validate the arguments (see the note above the atoms).
     Returns:
         (advantages, returns), both (T,) without grad, in the dtype of `rewards`.
     Raises:
         ValueError naming the argument for bad tensors, shape/dtype mismatches, gamma or lam outside
         [0, 1], or a step that is terminated but not a boundary.
     """
-    for name, value in (("rewards", rewards), ("values", values), ("next_values", next_values)):
-        check_tensor(name, value, ndim=1)
-    check_tensor("terminated", terminated, kind="bool", ndim=1)
-    check_tensor("boundary", boundary, kind="bool", ndim=1)
-    pairs = [("rewards", rewards), ("values", values), ("next_values", next_values)]
-    check_same_shape(pairs + [("terminated", terminated), ("boundary", boundary)])
-    check_same_dtype(pairs)
-    gamma = check_real("gamma", gamma, low=0.0, high=1.0)
-    lam = check_real("lam", lam, low=0.0, high=1.0)
-    if bool((terminated & ~boundary).any()):
-        raise ValueError("terminated: a terminated step must also be a boundary (terminated implies boundary)")
+    if check:
+        check_matching([("rewards", rewards), ("values", values), ("next_values", next_values)], ndim=1)
+        check_tensor("terminated", terminated, kind="bool", ndim=1)
+        check_tensor("boundary", boundary, kind="bool", ndim=1)
+        check_same_shape([("rewards", rewards), ("terminated", terminated), ("boundary", boundary)])
+        gamma = check_real("gamma", gamma, low=0.0, high=1.0)
+        lam = check_real("lam", lam, low=0.0, high=1.0)
+        if bool((terminated & ~boundary).any()):
+            raise ValueError("terminated: a terminated step must also be a boundary (terminated implies boundary)")
     # The recursion is sequential; Python floats (IEEE double) keep it exact and fast for short streams.
     r, v, nv = rewards.tolist(), values.tolist(), next_values.tolist()
     term, bound = terminated.tolist(), boundary.tolist()
@@ -354,15 +461,209 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
     return advantages, returns
 
 
-def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None):
+# --- KL: exact, and the three sampled estimators ---------------------------------------------
+
+
+def categorical_kl(logits, reference_logits, *, check=True):
+    """Exact forward KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
+
+        KL = sum_a p(a) * (log p(a) - log q(a))
+
+    Args:
+        logits: (..., A) float, the trained policy; gradient flows to it.
+        reference_logits: same shape and dtype, the reference; detached here.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) KL per row, >= 0.
+    Raises:
+        ValueError naming the argument for bad tensors, a shape mismatch or 0-D input.
+    """
+    if check:
+        check_matching([("logits", logits), ("reference_logits", reference_logits)])
+        if logits.dim() == 0:
+            raise ValueError("logits: expected at least 1 dimension (..., A)")
+    logp = F.log_softmax(logits, dim=-1)
+    ref_logp = F.log_softmax(reference_logits.detach(), dim=-1)
+    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+
+
+def _check_kl_args(policy_logps, ref_logps, check):
+    if check:
+        check_matching([("policy_logps", policy_logps), ("ref_logps", ref_logps)])
+
+
+def token_kl_penalty(policy_logps, ref_logps, *, check=True):
+    """k3, the estimator of KL(policy || ref) per token used by GRPO (DeepSeekMath, arXiv 2402.03300,
+    eq. 4; Schulman, "Approximating KL Divergence", 2020). Also importable as `kl_k3`.
+
+        delta = ref_logp - policy_logp
+        kl_k3 = exp(delta) - delta - 1        (>= 0)
+
+    On tokens sampled from the policy: its mean is the exact KL(policy || ref) (unbiased, and lower
+    variance than k1), and its expected GRADIENT is the gradient of KL(ref || policy), the other
+    direction (arXiv 2506.09477). On tokens drawn from another distribution it is biased.
+    Args:
+        policy_logps: (...) float log-probs (nats) of the taken tokens; gradient flows through it.
+        ref_logps: same shape and dtype, the frozen reference; detached here.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) per-token k3 values.
+    Raises:
+        ValueError naming the argument for bad tensors or mismatched shape/dtype, or when
+        ref_logps - policy_logps exceeds `exp_limit` (about 708.8 nats in float64): exp() overflows.
+    TRL: GRPO's only estimator (beta); verl: kl_loss_type / kl_penalty "low_var_kl" (verl also
+    clamps the log-ratio to +-20 and k3 to [-10, 10]).
+    """
+    _check_kl_args(policy_logps, ref_logps, check)
+    delta = ref_logps.detach() - policy_logps
+    limit = exp_limit(delta.dtype)
+    if check and bool((delta.detach() > limit).any()):
+        raise ValueError(
+            f"policy_logps: ref_logps - policy_logps exceeds {limit:.1f} nats, so k3 = exp(delta) - delta - 1 "
+            f"overflows {delta.dtype}"
+        )
+    return delta.exp() - delta - 1.0
+
+
+kl_k3 = token_kl_penalty  # one function, two names: the lesson's and Schulman's
+
+
+def kl_k1(policy_logps, ref_logps, *, check=True):
+    """k1 = policy_logp - ref_logp per token, the plain log-ratio (Schulman, "Approximating KL
+    Divergence", 2020).
+
+    On tokens sampled from the policy: its mean is the exact KL(policy || ref) (unbiased, but high
+    variance and often negative per token); its expected GRADIENT is 0, since E[grad log policy] = 0:
+    as a loss term it does not pull toward the reference at all (arXiv 2506.09477). It does work when
+    folded into the reward, where the policy gradient multiplies it by grad log policy.
+    Args, errors: as `token_kl_penalty` (no overflow: nothing is exponentiated).
+    TRL: PPOConfig(kl_estimator="k1") and RLOO's reward KL; verl: kl_penalty / kl_loss_type "k1".
+    """
+    _check_kl_args(policy_logps, ref_logps, check)
+    return policy_logps - ref_logps.detach()
+
+
+def kl_k2(policy_logps, ref_logps, *, check=True):
+    """k2 = 0.5 * (policy_logp - ref_logp) ** 2 per token (Schulman, "Approximating KL Divergence", 2020).
+
+    On tokens sampled from the policy: its mean is biased (about KL when the two are close, >= 0 per
+    token, low variance); its expected GRADIENT is exactly the gradient of KL(policy || ref)
+    (arXiv 2506.09477), which makes it the estimator whose gradient matches the KL it names.
+    Args, errors: as `token_kl_penalty` (no overflow: nothing is exponentiated).
+    verl: kl_loss_type / kl_penalty "mse" (k2); TRL: none.
+    """
+    _check_kl_args(policy_logps, ref_logps, check)
+    return 0.5 * (policy_logps - ref_logps.detach()).square()
+
+
+# --- token sequences: the causal shift, masks and reductions ---------------------------------
+
+
+def response_token_logps(logits, input_ids, response_mask, *, check=True):
+    """Per-token log-probs of the response tokens, with the causal shift.
+
+    Row t of the logits scores token t+1, so the scores live on positions 1..T-1:
+
+        logp   = log_softmax(logits[:, :-1])             # (B, T-1, V)
+        target = input_ids[:, 1:]                         # (B, T-1)
+        valid  = response_mask[:, 1:]                     # (B, T-1)
+
+    Args:
+        logits: (B, T, V) float, T >= 2.
+        input_ids: (B, T) signed integer token ids in [0, V) (int8 to int64; compared and gathered in int64).
+        response_mask: (B, T) bool, True on response tokens (a real EOS included), False on the
+            prompt and on padding. Decide it by position, never by `ids != eos_id`: when EOS and PAD
+            share an id that drops the real EOS.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (token_logps (B, T-1) float with non-response positions exactly 0, valid (B, T-1) bool).
+    Raises:
+        ValueError naming the argument: wrong shapes/dtypes, T < 2, ids outside [0, V), a mask that
+        is True at position 0 (no logits row scores it), or a row with no response token.
+    """
+    if check:
+        check_tensor("logits", logits, ndim=3)
+        check_tensor("input_ids", input_ids, kind="int", ndim=2)
+        check_tensor("response_mask", response_mask, kind="bool", ndim=2)
+        batch, length, vocab = logits.shape
+        if input_ids.shape != (batch, length):
+            raise ValueError(
+                f"input_ids: expected shape {(batch, length)} to match logits, got {tuple(input_ids.shape)}")
+        if response_mask.shape != (batch, length):
+            raise ValueError(
+                f"response_mask: expected shape {(batch, length)} to match logits, got {tuple(response_mask.shape)}"
+            )
+        if length < 2:
+            raise ValueError(f"logits: expected at least 2 positions (T >= 2) for the causal shift, got T={length}")
+        if bool(((input_ids.long() < 0) | (input_ids.long() >= vocab)).any()):  # int64: int16 cannot hold 40000
+            raise ValueError(f"input_ids: expected ids in [0, {vocab}), got values outside")
+        if bool(response_mask[:, 0].any()):
+            raise ValueError("response_mask: position 0 cannot be a response token (no logits row predicts it)")
+        if not bool(response_mask[:, 1:].any(dim=1).all()):
+            raise ValueError("response_mask: every row needs at least one response token")
+    valid = response_mask[:, 1:]  # (B, T-1)
+    logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
+    targets = input_ids[:, 1:].long()  # (B, T-1); gather wants int64
+    token_logps = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1, 1) -> (B, T-1)
+    # where(), not multiplication: a masked position then contributes exactly 0 and no gradient
+    token_logps = torch.where(valid, token_logps, torch.zeros_like(token_logps))
+    return token_logps, valid
+
+
+def response_logps(logits, input_ids, response_mask, *, check=True):
+    """(B,) response-only sum of `response_token_logps` (the sequence log-prob used by DPO).
+
+    Same arguments and errors as `response_token_logps`.
+    """
+    token_logps, _ = response_token_logps(logits, input_ids, response_mask, check=check)
+    return token_logps.sum(dim=-1)  # (B, T-1) -> (B,)
+
+
+def completion_mask(completion_ids, eos_token_id, pad_mask=None, *, check=True):
+    """Mask of the tokens that count: every position up to and including the first EOS.
+
+    Follows MiniMind train_grpo.py: positions after the first EOS (padding, or anything generated
+    after the answer stopped) are dropped; a row without EOS keeps all its real positions.
+
+    Args:
+        completion_ids: (N, R) signed integer token ids of the sampled completions (int8 to int64;
+            compared in int64, so an eos_token_id beyond the dtype's range never wraps round).
+        eos_token_id: int, the EOS id (it may equal the PAD id: the position decides).
+        pad_mask: optional (N, R) bool/0-1, True on real (non-padding) positions, as the rollout's
+            padding mask in the lesson; None means no padding. An EOS on a padding position is ignored.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N, R) int64 mask of 0/1.
+    Raises:
+        ValueError naming the argument for a bad tensor, shape or a non-int eos_token_id.
+    """
+    if check:
+        check_tensor("completion_ids", completion_ids, kind="int", ndim=2)
+        eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=SEED_LIMIT - 1)
+        if pad_mask is not None:
+            check_tensor("pad_mask", pad_mask, kind="mask", ndim=2)
+            check_same_shape([("completion_ids", completion_ids), ("pad_mask", pad_mask)])
+    real = torch.ones_like(completion_ids, dtype=torch.bool) if pad_mask is None else pad_mask.bool()
+    is_eos = (completion_ids.long() == eos_token_id) & real  # (N, R), int64: 300 must not match an int8 44
+    length = completion_ids.shape[1]
+    has_eos = is_eos.any(dim=1)  # (N,)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, length - 1, dtype=torch.long))
+    positions = torch.arange(length).expand_as(completion_ids)  # (R,) -> (N, R)
+    return ((positions <= first_eos.unsqueeze(1)) & real).long()
+
+
+REDUCTIONS = ("sequence", "token", "constant")
+
+
+def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *, check=True):
     """Reduce a (N, R) per-token loss to a scalar over the valid (masked) tokens.
 
     - "sequence": mean over each sequence's valid tokens (count clamped to >= 1), then mean over
       sequences: every answer weighs the same (original GRPO, DeepSeekMath eq. 3; the lesson).
     - "token": sum over all valid tokens / their count: every token weighs the same, long answers
-      weigh more (DAPO, arXiv 2503.14476, eq. 8).
+      weigh more (DAPO, arXiv 2503.14476, sec. 3.3, eq. 12).
     - "constant": sum over all valid tokens / (N * max_new_tokens), a constant that does not
-      depend on the lengths (Dr. GRPO, arXiv 2503.20783, sec. 3.2).
+      depend on the lengths (Dr. GRPO, arXiv 2503.20783, sec. 3.2; the length bias it removes: sec. 3.1).
 
     Args:
         per_token_loss: (N, R) float.
@@ -370,20 +671,31 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
         reduction: "sequence", "token" or "constant".
         max_new_tokens: int >= 1, the cap on a completion's length, for "constant" (R is used when
             None); a row with more kept tokens than the cap is an error.
+        check: validate the arguments (see the note above the atoms).
     Returns:
         scalar tensor.
     Raises:
         ValueError naming the argument for bad tensors, shapes, an unknown reduction or a
         max_new_tokens below the longest completion.
+    TRL: GRPOConfig(loss_type="grpo" | "dapo" | "dr_grpo"); verl: actor.loss_agg_mode
+    "seq-mean-token-mean" | "token-mean" | "seq-mean-token-sum-norm".
     """
-    check_tensor("per_token_loss", per_token_loss, kind="any_float", ndim=2)
-    check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
-    check_same_shape([("per_token_loss", per_token_loss), ("completion_mask", completion_mask)])
-    if max_new_tokens is not None:
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
+    if check:
+        check_tensor("per_token_loss", per_token_loss, kind="any_float", ndim=2)
+        check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
+        check_same_shape([("per_token_loss", per_token_loss), ("completion_mask", completion_mask)])
+        check_choice("reduction", reduction, REDUCTIONS)
+        if max_new_tokens is not None:
+            max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
     mask = completion_mask.detach().to(per_token_loss.dtype)
-    if not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
-        raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
+    if check:
+        if not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
+            raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
+        if reduction == "constant":
+            longest = int(mask.sum(dim=1).max().item())
+            if longest > (per_token_loss.shape[1] if max_new_tokens is None else max_new_tokens):
+                raise ValueError(f"max_new_tokens: expected at least the longest completion ({longest} tokens), "
+                                 f"got {max_new_tokens}")
     # where(), not multiplication: a masked position contributes exactly 0 and no gradient, whatever it holds
     masked = torch.where(mask > 0, per_token_loss, torch.zeros_like(per_token_loss))
     if reduction == "sequence":
@@ -391,15 +703,12 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
         return per_sequence.mean()
     if reduction == "token":
         return masked.sum() / mask.sum().clamp(min=1.0)
-    if reduction == "constant":
-        if max_new_tokens is None:
-            max_new_tokens = per_token_loss.shape[1]
-        longest = int(mask.sum(dim=1).max().item())
-        if longest > max_new_tokens:
-            raise ValueError(f"max_new_tokens: expected at least the longest completion ({longest} tokens), "
-                             f"got {max_new_tokens}")
-        return masked.sum() / (per_token_loss.shape[0] * max_new_tokens)
-    raise ValueError(f"reduction: expected 'sequence', 'token' or 'constant', got {reduction!r}")
+    if max_new_tokens is None:  # "constant"
+        max_new_tokens = per_token_loss.shape[1]
+    return masked.sum() / (per_token_loss.shape[0] * max_new_tokens)
+
+
+# --- sequence policy losses: GRPO, CISPO, GSPO, SAPO -----------------------------------------
 
 
 def _kept_only(completion_mask, *token_tensors):
@@ -409,29 +718,40 @@ def _kept_only(completion_mask, *token_tensors):
     return [torch.where(kept, tensor, torch.zeros_like(tensor)) for tensor in token_tensors]
 
 
-def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask):
-    pairs = [("policy_logps", policy_logps), ("old_logps", old_logps), ("ref_logps", ref_logps)]
-    for name, value in pairs:
-        check_tensor(name, value, ndim=2)
-    check_same_shape(pairs)
+def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator):
+    check_matching([("policy_logps", policy_logps), ("old_logps", old_logps), ("ref_logps", ref_logps)], ndim=2)
     check_tensor("advantages", advantages, ndim=1)
-    check_same_dtype(pairs + [("advantages", advantages)])
+    check_same_dtype([("policy_logps", policy_logps), ("advantages", advantages)])
     if advantages.shape[0] != policy_logps.shape[0]:
         raise ValueError(
             f"advantages: expected shape ({policy_logps.shape[0]},) one per sequence, got {tuple(advantages.shape)}"
         )
     check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
     check_same_shape([("policy_logps", policy_logps), ("completion_mask", completion_mask)])
+    check_real("beta", beta, low=0.0)
+    if kl_estimator not in KL_ESTIMATORS.values():
+        raise ValueError(f"kl_estimator: expected one of the atoms kl_k1, kl_k2, kl_k3, got {kl_estimator!r}")
+    if beta > 0:  # the estimator's own overflow check, on the kept tokens only
+        kept_policy, kept_ref = _kept_only(completion_mask, policy_logps, ref_logps)
+        kl_estimator(kept_policy.detach(), kept_ref)
+
+
+def _kl_term(kl_estimator, policy_logps, ref_logps, beta):
+    """beta * the chosen estimator per token; a plain 0.0 when beta is 0 (x - 0.0 is x, bit for bit, and
+    an estimate that would overflow on a far-off token cannot turn into 0 * inf = NaN)."""
+    if beta == 0:
+        return 0.0
+    return beta * kl_estimator(policy_logps, ref_logps, check=False)
 
 
 def grpo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.2, beta=0.1, reduction="sequence",
-    max_new_tokens=None,
+    max_new_tokens=None, epsilon_high=None, dual_clip=None, *, kl_estimator=token_kl_penalty, check=True,
 ):
     """GRPO token loss of the lesson (MiniMind train_grpo.py; DeepSeekMath, arXiv 2402.03300, eq. 3).
 
         ratio    = exp(policy_logp - old_logp)                         # (N, R)
-        per_tok  = -(min(ratio * A, clip(ratio, 1-eps, 1+eps) * A) - beta * kl_k3)
+        per_tok  = -(min(ratio * A, clip(ratio, 1-eps, 1+eps_high) * A) - beta * kl)
         loss     = reduce_token_loss(per_tok, completion_mask, reduction)
 
     Args:
@@ -440,33 +760,39 @@ def grpo_policy_loss(
         ref_logps: (N, R), the frozen reference; detached.
         advantages: (N,) one per sequence, broadcast over its tokens; detached.
         completion_mask: (N, R) 0/1 (bool, int or float), 1 on valid tokens.
-        epsilon: clip half-width in [0, 1). beta: >= 0 weight of the k3 reference KL.
+        epsilon: clip half-width in [0, 1). beta: >= 0 weight of the reference KL.
         reduction, max_new_tokens: see `reduce_token_loss` (default: per-sequence mean, then mean).
+        epsilon_high, dual_clip: see `clipped_policy_loss` (None: the symmetric range, no dual clip).
+        kl_estimator: the per-token KL atom, kl_k3 (the lesson's, default), kl_k1 or kl_k2.
+        check: validate the arguments (see the note above the atoms).
     Returns:
         scalar loss to minimize.
     Raises:
         ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(epsilon, epsilon_high, beta); verl: actor.clip_ratio_low / clip_ratio_high /
+    clip_ratio_c, kl_loss_coef, kl_loss_type.
     """
-    _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask)
-    check_real("beta", beta, low=0.0)
+    if check:
+        _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
+        epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
-    policy_term = -clipped_policy_loss(
-        policy_logps, old_logps, advantages.detach().unsqueeze(1).expand_as(policy_logps), epsilon
-    )  # (N,) -> (N, R) broadcast of the sequence advantage
-    kl_k3 = token_kl_penalty(policy_logps, ref_logps)
-    per_token_loss = -(policy_term - beta * kl_k3)
-    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens)
+    expanded = advantages.detach().unsqueeze(1).expand_as(policy_logps)  # (N,) -> (N, R): the sequence's A
+    if check and dual_clip is None:
+        _refuse_overflow("policy_logps", policy_logps - old_logps, expanded)
+    policy_term = -clipped_policy_loss(policy_logps, old_logps, expanded, epsilon, epsilon_high, dual_clip, check=False)
+    per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
 
 
 def cispo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
-    reduction="sequence", max_new_tokens=None,
+    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, check=True,
 ):
     """CISPO token loss (MiniMax-M1, arXiv 2506.13585, sec. 3.1, eq. 4; MiniMind train_grpo.py).
 
         ratio    = exp(policy_logp - old_logp)
         weight   = sg(min(ratio, epsilon_high))                         # detached, capped
-        per_tok  = -(weight * A * policy_logp - beta * kl_k3)
+        per_tok  = -(weight * A * policy_logp - beta * kl)
         loss     = reduce_token_loss(per_tok, completion_mask, reduction)
 
     Unlike PPO-Clip, a token whose ratio is capped still passes gradient through policy_logp: the
@@ -480,52 +806,184 @@ def cispo_policy_loss(
         scalar loss to minimize.
     Raises:
         ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(loss_type="cispo", epsilon_high=5.0) (the same absolute cap; left unset it falls
+    back to epsilon, 0.2); verl: policy_loss.loss_mode="cispo" clamps the weight to
+    [1 - clip_ratio_low, 1 + clip_ratio_high], a relative two-sided range.
     """
-    _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask)
-    epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, low_open=True)
-    check_real("beta", beta, low=0.0)
+    if check:
+        _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
+        epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, low_open=True)
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
     logratio = policy_logps - old_logps.detach()
     ratio = logratio.clamp(max=exp_limit(logratio.dtype)).exp()  # a huge ratio is capped below anyway
     # detached: the weight scales the score-function gradient but is not differentiated itself
     weight = ratio.clamp(max=epsilon_high).detach()
     policy_term = weight * advantages.detach().unsqueeze(1) * policy_logps  # (N,) -> (N, 1) -> (N, R)
-    kl_k3 = token_kl_penalty(policy_logps, ref_logps)
-    per_token_loss = -(policy_term - beta * kl_k3)
-    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens)
+    per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
 
 
-def completion_mask(completion_ids, eos_token_id, pad_mask=None):
-    """Mask of the tokens that count: every position up to and including the first EOS.
+def sequence_log_ratio(policy_logps, old_logps, completion_mask):
+    """(N,) GSPO's log of the sequence ratio: the mean over each sequence's kept tokens of
+    logp - old_logp (count clamped to >= 1); gradient flows through policy_logps. exp() of it is the
+    geometric mean of the token ratios, s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|)."""
+    mask = completion_mask.detach().to(policy_logps.dtype)
+    policy_logps, old_logps = _kept_only(completion_mask, policy_logps, old_logps)
+    return (policy_logps - old_logps.detach()).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (N, R) -> (N,)
 
-    Follows MiniMind train_grpo.py: positions after the first EOS (padding, or anything generated
-    after the answer stopped) are dropped; a row without EOS keeps all its real positions.
+
+def gspo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=3e-4, epsilon_high=4e-4, beta=0.0,
+    *, kl_estimator=token_kl_penalty, check=True,
+):
+    """GSPO loss: one clipped ratio per SEQUENCE (Group Sequence Policy Optimization, Zheng et al.,
+    arXiv 2507.18071, sec. 4.1, eqs. 5-7).
+
+        s_i   = exp(mean over kept tokens of (logp - old_logp))          # (N,), length-normalized
+        loss  = mean_i [ -min(s_i * A_i, clip(s_i, 1 - eps, 1 + eps_high) * A_i)
+                         + beta * (mean over kept tokens of the KL estimate) ]
+
+    The sequence is the unit the reward judges, so the whole sequence is clipped or kept together;
+    a token's ratio no longer decides alone. Because s_i is a geometric mean, its deviation from 1 is
+    far smaller than a token's: hence the tiny default range (3e-4, 4e-4), the paper's.
 
     Args:
-        completion_ids: (N, R) signed integer token ids of the sampled completions (int8 to int64;
-            compared in int64, so an eos_token_id beyond the dtype's range never wraps round).
-        eos_token_id: int, the EOS id (it may equal the PAD id: the position decides).
-        pad_mask: optional (N, R) bool/0-1, True on real (non-padding) positions, as the rollout's
-            padding mask in the lesson; None means no padding. An EOS on a padding position is ignored.
+        as `grpo_policy_loss` (no reduction: GSPO averages per sequence, then over sequences).
     Returns:
-        (N, R) int64 mask of 0/1.
+        scalar loss to minimize.
     Raises:
-        ValueError naming the argument for a bad tensor, shape or a non-int eos_token_id.
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,
+    epsilon_high=4e-4, beta=0); verl: actor.policy_loss.loss_mode="gspo" with clip_ratio_low /
+    clip_ratio_high.
     """
-    check_tensor("completion_ids", completion_ids, kind="int", ndim=2)
-    eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=SEED_LIMIT - 1)
-    if pad_mask is None:
-        real = torch.ones_like(completion_ids, dtype=torch.bool)
-    else:
-        check_tensor("pad_mask", pad_mask, kind="mask", ndim=2)
-        check_same_shape([("completion_ids", completion_ids), ("pad_mask", pad_mask)])
-        real = pad_mask.bool()
-    is_eos = (completion_ids.long() == eos_token_id) & real  # (N, R), int64: 300 must not match an int8 44
-    length = completion_ids.shape[1]
-    has_eos = is_eos.any(dim=1)  # (N,)
-    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, length - 1, dtype=torch.long))
-    positions = torch.arange(length).expand_as(completion_ids)  # (R,) -> (N, R)
-    return ((positions <= first_eos.unsqueeze(1)) & real).long()
+    if check:
+        _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
+        epsilon, epsilon_high, _ = _clip_range(epsilon, epsilon_high, None)
+    log_s = sequence_log_ratio(policy_logps, old_logps, completion_mask)  # (N,)
+    advantages = advantages.detach()
+    if check:
+        _refuse_overflow("policy_logps", log_s, advantages)
+    # the sequence log-ratio plays logp - old_logp in the token-level clipped loss
+    per_sequence = clipped_policy_loss(log_s, torch.zeros_like(log_s), advantages, epsilon, epsilon_high, check=False)
+    if beta > 0:
+        policy_kept, ref_kept = _kept_only(completion_mask, policy_logps, ref_logps)
+        kl_per_token = kl_estimator(policy_kept, ref_kept, check=False)
+        mask = completion_mask.detach().to(policy_logps.dtype)
+        kl_masked = torch.where(mask > 0, kl_per_token, torch.zeros_like(kl_per_token))
+        per_sequence = per_sequence + beta * kl_masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    return per_sequence.mean()
+
+
+def sapo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, tau_pos=1.0, tau_neg=1.05, beta=0.0,
+    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, check=True,
+):
+    """SAPO token loss: a smooth gate instead of a hard clip (Soft Adaptive Policy Optimization,
+    Gao et al., arXiv 2511.20347; defaults tau_pos 1.0, tau_neg 1.05 as the paper's).
+
+        gate(r)  = sigmoid(tau * (r - 1)) * 4 / tau        tau = tau_pos where A > 0, else tau_neg
+        per_tok  = -(gate(ratio) * A - beta * kl)
+        loss     = reduce_token_loss(per_tok, completion_mask, reduction)
+
+    d gate / d r = 4 * sigmoid'(tau (r - 1)) equals 1 at r = 1, so on-policy the gradient is GRPO's;
+    as r leaves 1 the gradient fades smoothly (a bell around r = 1) instead of dropping to 0 at the
+    clip edge. tau_neg > tau_pos fades tokens with A < 0 faster, the side where large ratios are
+    the most unstable.
+
+    Args:
+        as `grpo_policy_loss`, with tau_pos, tau_neg > 0 in place of the clip range.
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(loss_type="sapo", sapo_temperature_pos, sapo_temperature_neg); verl:
+    policy_loss.loss_mode="sapo" with actor.tau_pos / actor.tau_neg.
+    """
+    if check:
+        _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
+        tau_pos = check_real("tau_pos", tau_pos, low=0.0, high=1e6, low_open=True)
+        tau_neg = check_real("tau_neg", tau_neg, low=0.0, high=1e6, low_open=True)
+    policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
+    logratio = policy_logps - old_logps.detach()
+    ratio = logratio.clamp(max=exp_limit(logratio.dtype)).exp()  # the gate saturates long before the clamp
+    expanded = advantages.detach().unsqueeze(1).expand_as(ratio)  # (N,) -> (N, R)
+    tau = torch.where(expanded > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    per_token_loss = -(gate * expanded - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
+
+
+# --- corrections and shaping: truncated importance weights, the overlong penalty -------------
+
+
+def truncated_importance_weights(old_logps, rollout_logps, cap=2.0, *, check=True):
+    """Truncated importance sampling weights for a sampler whose probabilities differ from the
+    trainer's (IMPALA's truncated weights, Espeholt et al., arXiv 1802.01561, sec. 4.1; applied to
+    rollout engines by Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy
+    RL Training").
+
+        w = min(exp(old_logp - rollout_logp), cap)        detached
+
+    The tokens were drawn from the rollout distribution (say another temperature or top-p), but the
+    loss treats them as drawn from the trainer's old policy: multiplying each token's loss by w
+    corrects the expectation back to the old policy; the cap bounds the variance a rare token could
+    add (the price is a small bias where the cap binds).
+    Args:
+        old_logps: (...) float, the trainer's log-probs of the sampled tokens (before any update).
+        rollout_logps: same shape and dtype, the sampler's log-probs of the same tokens.
+        cap: >= 1.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) weights in [0, cap], without grad; exactly 1 where the two log-probs agree.
+    Raises:
+        ValueError naming the argument for bad tensors or a cap below 1.
+    TRL: GRPOConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=
+    "token_truncate", vllm_importance_sampling_clip_max=cap); verl: algorithm.rollout_correction
+    .rollout_is="token", rollout_is_threshold=cap.
+    """
+    if check:
+        check_matching([("old_logps", old_logps), ("rollout_logps", rollout_logps)])
+        cap = check_real("cap", cap, low=1.0, high=1e12)
+    log_weights = (old_logps - rollout_logps).detach()
+    return log_weights.clamp(max=exp_limit(log_weights.dtype)).exp().clamp(max=cap)
+
+
+def overlong_penalty(lengths, max_new_tokens, cache, *, check=True):
+    """DAPO's soft overlong punishment, added to the reward (arXiv 2503.14476, sec. 3.4, eq. 13).
+
+        0                                  if L <= max_new_tokens - cache
+        ((max_new_tokens - cache) - L) / cache   if max_new_tokens - cache < L <= max_new_tokens
+        -1                                 if L > max_new_tokens
+
+    A response that runs into the last `cache` tokens before the cap loses reward linearly, so the
+    policy learns to stop before it is cut, without the noise of punishing a right but long answer
+    at full strength.
+    Args:
+        lengths: (N,) integer tensor of response lengths in tokens (>= 0).
+        max_new_tokens: int >= 1, the length cap. cache: int in [1, max_new_tokens].
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N,) float64 penalties in [-1, 0].
+    Raises:
+        ValueError naming the argument for a bad tensor, negative lengths or a cache out of range.
+    TRL: the reward function trl.rewards.get_soft_overlong_punishment(max_completion_len,
+    soft_punish_cache); verl: reward.reward_kwargs.overlong_buffer_cfg (enable, len, penalty_factor).
+    """
+    if check:
+        check_tensor("lengths", lengths, kind="int", ndim=1)
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
+        cache = check_int("cache", cache, low=1, high=max_new_tokens)
+        if bool((lengths < 0).any()):
+            raise ValueError("lengths: expected lengths >= 0")
+    lengths = lengths.long().to(DTYPE)
+    start = float(max_new_tokens - cache)
+    ramp = (start - lengths) / cache
+    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_new_tokens, torch.full_like(lengths, -1.0), penalty)
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}  # names -> atoms, for the drivers' flags
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,6 +1045,7 @@ def evaluate(logits, rewards=None, reference_logits=None):
     Returns a dict of floats: expected_reward = mean_x sum_a p(a|x) R(x, a),
     best_action_probability = mean_x p(argmax_a R(x, a) | x), entropy (nats, mean over x) and
     kl_reference = mean_x KL(p(.|x) || reference(.|x)) (exact; reference defaults to uniform).
+    Raises ValueError naming the argument for a bad table.
     """
     check_tensor("logits", logits, ndim=2)
     rewards = reward_table().to(logits.dtype) if rewards is None else check_tensor("rewards", rewards, ndim=2)
@@ -595,19 +1054,24 @@ def evaluate(logits, rewards=None, reference_logits=None):
     check_same_shape([("logits", logits), ("rewards", rewards), ("reference_logits", reference_logits)])
     check_same_dtype([("logits", logits), ("rewards", rewards), ("reference_logits", reference_logits)])
     with torch.no_grad():
-        logp = F.log_softmax(logits, dim=-1)  # (X, A)
-        probs = logp.exp()
-        best = rewards.argmax(dim=-1, keepdim=True)  # (X, 1)
-        return {
-            "expected_reward": (probs * rewards).sum(dim=-1).mean().item(),
-            "best_action_probability": probs.gather(-1, best).mean().item(),
-            "entropy": -(probs * logp).sum(dim=-1).mean().item(),
-            "kl_reference": categorical_kl(logits, reference_logits).mean().item(),
-        }
+        return _exact_metrics(F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits, dim=-1), rewards)
+
+
+def _exact_metrics(logp, ref_logp, rewards):
+    """`evaluate` from the (X, A) log-probability tables of the policy and the reference."""
+    probs = logp.exp()
+    best = rewards.argmax(dim=-1, keepdim=True)  # (X, 1)
+    return {
+        "expected_reward": (probs * rewards).sum(dim=-1).mean().item(),
+        "best_action_probability": probs.gather(-1, best).mean().item(),
+        "entropy": -(probs * logp).sum(dim=-1).mean().item(),
+        "kl_reference": (probs * (logp - ref_logp)).sum(dim=-1).mean().item(),  # categorical_kl, from the tables
+    }
 
 
 def _settings(algorithm, steps, seed, group_size, grpo_prompts):
-    return {
+    """The JSON settings: those every algorithm shares, then the ones that apply to `algorithm`."""
+    settings = {
         "algorithm": algorithm,
         "seed": seed,
         "steps": steps,
@@ -617,28 +1081,33 @@ def _settings(algorithm, steps, seed, group_size, grpo_prompts):
         "reward_table": reward_table().tolist(),
         "num_contexts": NUM_CONTEXTS,
         "num_actions": NUM_ACTIONS,
+        "reference": "uniform (zero logits), frozen",
         "optimizer": "Adam",
         "learning_rate": LEARNING_RATE,
         "adam_betas": [0.9, 0.999],
         "max_grad_norm": MAX_GRAD_NORM,
-        "clip_epsilon": CLIP_EPSILON,
-        "kl_beta": KL_BETA,
-        "dpo_beta": DPO_BETA,
-        "update_epochs": UPDATE_EPOCHS,
-        "target_old_policy_kl": TARGET_OLD_POLICY_KL,
-        "ppo_batch_size": PPO_BATCH_SIZE,
-        "value_coef": VALUE_COEF,
-        "epsilon_high": EPSILON_HIGH,
-        "group_advantage_epsilon": GROUP_ADVANTAGE_EPSILON,
+    }
+    if algorithm == "dpo":
+        settings.update({"dpo_beta": DPO_BETA, "offline_preference_pairs": int(preference_pairs(reward_table()).shape[0])})
+        return settings
+    settings.update({"kl_beta": KL_BETA, "update_epochs": UPDATE_EPOCHS, "target_old_policy_kl": TARGET_OLD_POLICY_KL})
+    if algorithm == "ppo":
+        settings.update({"clip_epsilon": CLIP_EPSILON, "ppo_batch_size": PPO_BATCH_SIZE, "value_coef": VALUE_COEF,
+                         "kl": "shaped return R - kl_beta * (old_logp - ref_logp)"})
+        return settings
+    settings.update({"clip_epsilon": CLIP_EPSILON} if algorithm == "grpo" else {"epsilon_high": EPSILON_HIGH})
+    settings.update({
         "group_size": group_size,
         "online_batch_prompts": grpo_prompts,
-        "offline_preference_pairs": int(preference_pairs(reward_table()).shape[0]),
-    }
+        "group_advantage_epsilon": GROUP_ADVANTAGE_EPSILON,
+        "kl": "kl_beta * exact KL(current || reference) over the drawn contexts, in the loss",
+    })
+    return settings
 
 
 def _old_policy_kl(old_logits, logits):
     """Exact KL(old || current) averaged over all contexts (nats): the early-stop statistic."""
-    return categorical_kl(old_logits, logits.detach()).mean().item()
+    return categorical_kl(old_logits, logits.detach(), check=False).mean().item()
 
 
 def _initial_row(algorithm, logits, rewards, reference_logits):
@@ -649,7 +1118,9 @@ def _initial_row(algorithm, logits, rewards, reference_logits):
 
 
 def _clip_step(optimizer, params, loss):
-    optimizer.zero_grad()
+    """One optimizer step on `loss` with the gradient norm clipped to MAX_GRAD_NORM over `params`."""
+    for param in params:  # what optimizer.zero_grad() does by default, without its per-call overhead
+        param.grad = None
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
     optimizer.step()
@@ -661,7 +1132,8 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     """Train one algorithm on the bandit; return (rows, settings).
 
     rows: list of dicts with the CSV columns (row 0 = initial evaluation), one per outer iteration.
-    settings: every hyperparameter, the seed, versions and (DPO) the preference data.
+    settings: the hyperparameters that apply to this algorithm, the seed, versions and (DPO) the
+    preference data.
     Raises ValueError naming the argument for an unknown algorithm or an out-of-range integer.
     """
     if algorithm not in ALGORITHMS:
@@ -681,6 +1153,7 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     if preference_flips and algorithm != "dpo":
         raise ValueError(f"preference_flips: only applies to dpo, got {preference_flips} with {algorithm}")
 
+    # setup
     settings = _settings(algorithm, steps, seed, group_size, grpo_prompts)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)  # the one seeding point of the run
     logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE, requires_grad=True)
@@ -691,9 +1164,10 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
         flipped = torch.randperm(pairs.shape[0], generator=generator)[:preference_flips].sort().values
         training_pairs = pairs.clone()
         training_pairs[flipped, 1], training_pairs[flipped, 2] = pairs[flipped, 2], pairs[flipped, 1]
+        ref_logp_table = F.log_softmax(reference_logits, dim=-1)
         with torch.no_grad():  # computed, not assumed: ln 2 only while policy = reference
-            rows[0]["dpo_training_loss"] = _dpo_batch_loss(logits, reference_logits, training_pairs).item()
-            rows[0]["dpo_clean_loss"] = _dpo_batch_loss(logits, reference_logits, pairs).item()
+            rows[0]["dpo_training_loss"] = _dpo_batch_loss(logits, ref_logp_table, training_pairs).item()
+            rows[0]["dpo_clean_loss"] = _dpo_batch_loss(logits, ref_logp_table, pairs).item()
         settings.update({
             "preference_flips": preference_flips,
             "flipped_pair_indices": flipped.tolist(),
@@ -709,32 +1183,35 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     return rows, settings
 
 
-def _dpo_batch_loss(logits, reference_logits, pairs):
+def _dpo_batch_loss(logits, ref_logp_table, pairs):
     """Mean DPO loss over (pairs, 3) rows (context, chosen, rejected); one action = one whole answer."""
     logp = F.log_softmax(logits, dim=-1)  # (X, A)
-    ref_logp = F.log_softmax(reference_logits, dim=-1)
     context, chosen, rejected = pairs[:, 0], pairs[:, 1], pairs[:, 2]  # (pairs,) each
     return dpo_loss(
-        logp[context, chosen], logp[context, rejected], ref_logp[context, chosen], ref_logp[context, rejected],
-        beta=DPO_BETA,
+        logp[context, chosen], logp[context, rejected], ref_logp_table[context, chosen],
+        ref_logp_table[context, rejected], beta=DPO_BETA, check=False,
     ).mean()
 
 
 def _train_dpo(logits, reference_logits, rewards, clean_pairs, training_pairs, steps, rows):
     optimizer = torch.optim.Adam([logits], lr=LEARNING_RATE)
+    ref_logp_table = F.log_softmax(reference_logits, dim=-1)  # (X, A), fixed for the run
+    clean_labels = bool(torch.equal(training_pairs, clean_pairs))
     for step in range(1, steps + 1):
         # update: one full-batch step on the fixed offline pairs (no sampling, no old policy)
-        loss = _dpo_batch_loss(logits, reference_logits, training_pairs)
+        loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs)
         _clip_step(optimizer, [logits], loss)
         # record: both diagnostics after the update, on the labels trained on and on the true ones
         with torch.no_grad():
-            training_loss = _dpo_batch_loss(logits, reference_logits, training_pairs).item()
-            clean_loss = _dpo_batch_loss(logits, reference_logits, clean_pairs).item()
+            training_loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs).item()
+            # without flips the two label sets are the same pairs: the same number, computed once
+            clean_loss = training_loss if clean_labels else _dpo_batch_loss(logits, ref_logp_table, clean_pairs).item()
+            metrics = _exact_metrics(F.log_softmax(logits, dim=-1), ref_logp_table, rewards)
         row = {
             "algorithm": "dpo", "step": step, "optimizer_steps": step, "sampled_actions": 0,
             "pair_presentations": step * training_pairs.shape[0],
         }
-        row.update(evaluate(logits, rewards, reference_logits))
+        row.update(metrics)
         row.update({
             "loss": loss.item(), "value_loss": 0.0, "clip_fraction": 0.0, "old_policy_kl": 0.0,
             "zero_group_fraction": 0.0, "dpo_training_loss": training_loss, "dpo_clean_loss": clean_loss,
@@ -742,11 +1219,27 @@ def _train_dpo(logits, reference_logits, rewards, clean_pairs, training_pairs, s
         rows.append(row)
 
 
+def _early_stop(old_logp_table, logp_table):
+    """True once the exact KL(old || current), averaged over all contexts, exceeds the target."""
+    kl = (old_logp_table.exp() * (old_logp_table - logp_table.detach())).sum(dim=-1).mean()  # categorical_kl
+    return kl.item() > TARGET_OLD_POLICY_KL
+
+
+def _clip_fraction_of_pass(epoch, logp, old_logp, advantages):
+    """clip_fraction on the ratios this pass's loss sees; on the first pass every ratio is exactly 1,
+    inside any clip range, so it is 0 without computing."""
+    if epoch == 0:
+        return 0.0
+    return clip_fraction((logp.detach() - old_logp).exp(), advantages, CLIP_EPSILON, check=False).item()
+
+
 def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
     values = torch.zeros(NUM_CONTEXTS, dtype=DTYPE, device=DEVICE, requires_grad=True)  # the critic V(x)
     params = [logits, values]
     optimizer = torch.optim.Adam(params, lr=LEARNING_RATE)
     ref_logp_table = F.log_softmax(reference_logits, dim=-1)  # (X, A)
+    done = torch.ones(PPO_BATCH_SIZE, dtype=torch.bool)  # every answer ends its episode
+    no_next_value = torch.zeros(PPO_BATCH_SIZE, dtype=DTYPE)
     optimizer_steps = 0
     for step in range(1, steps + 1):
         # rollout: contexts, then one action each from the frozen old policy
@@ -759,15 +1252,17 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
         ref_logp = ref_logp_table[contexts, actions]
         # advantages: KL-shaped terminal return; one step, so GAE with terminated=boundary=True is R - V_old(x)
         shaped_returns = rewards[contexts, actions] - KL_BETA * (old_logp - ref_logp)
-        done = torch.ones(PPO_BATCH_SIZE, dtype=torch.bool)
-        advantages, returns = gae(shaped_returns, old_values[contexts], torch.zeros_like(shaped_returns), done, done)
+        advantages, returns = gae(shaped_returns, old_values[contexts], no_next_value, done, done, check=False)
         # update: up to UPDATE_EPOCHS full-batch steps, stopped once the policy drifted from old
-        losses, value_losses = [], []
-        for _ in range(UPDATE_EPOCHS):
-            if _old_policy_kl(old_logits, logits) > TARGET_OLD_POLICY_KL:
+        losses, value_losses, clipped = [], [], []
+        for epoch in range(UPDATE_EPOCHS):
+            logp_table = F.log_softmax(logits, dim=-1)  # (X, A)
+            # KL(old || old) is exactly 0: the first pass never stops, so it is not computed
+            if epoch > 0 and _early_stop(old_logp_table, logp_table):
                 break
-            logp = F.log_softmax(logits, dim=-1)[contexts, actions]
-            policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON).mean()
+            logp = logp_table[contexts, actions]
+            clipped.append(_clip_fraction_of_pass(epoch, logp, old_logp, advantages))
+            policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON, check=False).mean()
             value_loss = (values[contexts] - returns).square().mean()
             loss = policy_loss + VALUE_COEF * value_loss
             _clip_step(optimizer, params, loss)
@@ -775,9 +1270,9 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
             losses.append(loss.item())
             value_losses.append(value_loss.item())
         # record
-        rows.append(_online_row(
-            "ppo", step, optimizer_steps, step * PPO_BATCH_SIZE, logits, old_logits, contexts, actions, old_logp,
-            rewards, reference_logits, losses, value_losses, zero_group_fraction=0.0,
+        rows.append(_record(
+            "ppo", step, optimizer_steps, step * PPO_BATCH_SIZE, logits, old_logp_table, ref_logp_table, rewards,
+            losses, value_losses, clipped, zero_group_fraction=0.0,
         ))
 
 
@@ -797,54 +1292,58 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
         )  # (B, G)
         group_rewards = rewards[prompt_contexts.unsqueeze(1), group_actions]  # (B, G)
         # advantages: relative to the group, no critic
-        advantages = group_advantages(group_rewards, GROUP_ADVANTAGE_EPSILON).reshape(-1)  # (B, G) -> (B*G,)
+        advantages = group_advantages(group_rewards, GROUP_ADVANTAGE_EPSILON, check=False).reshape(-1)  # (B*G,)
         zero_group_fraction = (group_rewards == group_rewards[:, :1]).all(dim=1).double().mean().item()
         contexts = prompt_contexts.repeat_interleave(group_size)  # (B,) -> (B*G,), prompt-major
         actions = group_actions.reshape(-1)  # (B, G) -> (B*G,)
         old_logp = old_logp_table[contexts, actions]
         ref_logp = ref_logp_table[contexts, actions]
         # update
-        losses = []
-        for _ in range(UPDATE_EPOCHS):
-            if _old_policy_kl(old_logits, logits) > TARGET_OLD_POLICY_KL:
+        losses, clipped = [], []
+        for epoch in range(UPDATE_EPOCHS):
+            logp_table = F.log_softmax(logits, dim=-1)  # (X, A)
+            # KL(old || old) is exactly 0: the first pass never stops, so it is not computed
+            if epoch > 0 and _early_stop(old_logp_table, logp_table):
                 break
-            logp = F.log_softmax(logits, dim=-1)[contexts, actions]
+            logp = logp_table[contexts, actions]
             if algorithm == "grpo":
-                policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON).mean()
+                clipped.append(_clip_fraction_of_pass(epoch, logp, old_logp, advantages))
+                policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON, check=False).mean()
             else:
                 # an answer is a one-token sequence; beta=0 because the exact KL below replaces k3
                 policy_loss = cispo_policy_loss(
                     logp.unsqueeze(1), old_logp.unsqueeze(1), ref_logp.unsqueeze(1), advantages, one_token_mask,
-                    epsilon_high=EPSILON_HIGH, beta=0.0,
+                    epsilon_high=EPSILON_HIGH, beta=0.0, check=False,
                 )
-            kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts]).mean()
+            kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts], check=False).mean()
             loss = policy_loss + KL_BETA * kl_exact
             _clip_step(optimizer, [logits], loss)
             optimizer_steps += 1
             losses.append(loss.item())
-        # record
-        rows.append(_online_row(
-            algorithm, step, optimizer_steps, step * batch_actions, logits, old_logits, contexts, actions, old_logp,
-            rewards, reference_logits, losses, [], zero_group_fraction,
+        # record (CISPO never zeroes a gradient: its clip_fraction stays 0)
+        rows.append(_record(
+            algorithm, step, optimizer_steps, step * batch_actions, logits, old_logp_table, ref_logp_table, rewards,
+            losses, [], clipped, zero_group_fraction,
         ))
 
 
-def _online_row(algorithm, step, optimizer_steps, sampled_actions, logits, old_logits, contexts, actions, old_logp,
-                rewards, reference_logits, losses, value_losses, zero_group_fraction):
-    """Metrics after the updates of one iteration; loss fields are means over the steps taken."""
+def _record(algorithm, step, optimizer_steps, sampled_actions, logits, old_logp_table, ref_logp_table, rewards,
+            losses, value_losses, clipped, zero_group_fraction):
+    """Metrics after the updates of one iteration. loss, value_loss and clip_fraction are means over
+    the passes taken, each measured on the ratios that pass's loss saw (before its step)."""
     with torch.no_grad():
-        ratio = (F.log_softmax(logits, dim=-1)[contexts, actions] - old_logp).exp()
-        clip_fraction = ((ratio - 1.0).abs() > CLIP_EPSILON).double().mean().item()
-    row = {
-        "algorithm": algorithm, "step": step, "optimizer_steps": optimizer_steps, "sampled_actions": sampled_actions,
-        "pair_presentations": 0,
-    }
-    row.update(evaluate(logits, rewards, reference_logits))
+        logp_table = F.log_softmax(logits, dim=-1)  # (X, A), after the updates
+        row = {
+            "algorithm": algorithm, "step": step, "optimizer_steps": optimizer_steps,
+            "sampled_actions": sampled_actions, "pair_presentations": 0,
+        }
+        row.update(_exact_metrics(logp_table, ref_logp_table, rewards))
+        old_policy_kl = (old_logp_table.exp() * (old_logp_table - logp_table)).sum(dim=-1).mean().item()
     row.update({
         "loss": math.fsum(losses) / len(losses) if losses else 0.0,
         "value_loss": math.fsum(value_losses) / len(value_losses) if value_losses else 0.0,
-        "clip_fraction": clip_fraction,
-        "old_policy_kl": _old_policy_kl(old_logits, logits),
+        "clip_fraction": math.fsum(clipped) / len(clipped) if clipped else 0.0,
+        "old_policy_kl": old_policy_kl,
         "zero_group_fraction": zero_group_fraction,
     })
     return row
@@ -964,7 +1463,99 @@ def atomic_demo():
         "ratio": 1.5, "advantage": 1.0, "grpo_grad_logp": grads["grpo"], "cispo_grad_logp": grads["cispo"],
         "reading": "PPO-Clip drops the token; CISPO keeps it with the detached weight min(ratio, epsilon_high) = 1.5",
     }
+
+    # The field's variants. Clip-higher and dual-clip on the four PPO cases plus a far-off A < 0 ratio
+    ratios = [1.5, 0.5, 1.5, 0.5, 4.0]
+    logp = t(ratios).log()
+    adv = t([1.0, -1.0, -1.0, 1.0, -1.0])
+    demo["clip_variants"] = {
+        "ratio": ratios, "advantages": adv.tolist(),
+        "loss_eps_0.2": _rounded(clipped_policy_loss(logp, torch.zeros_like(logp), adv).tolist()),
+        "loss_eps_high_0.28": _rounded(clipped_policy_loss(logp, torch.zeros_like(logp), adv, 0.2, 0.28).tolist()),
+        "loss_dual_clip_3": _rounded(clipped_policy_loss(logp, torch.zeros_like(logp), adv, 0.2, None, 3.0).tolist()),
+        "clip_fraction": _rounded(clip_fraction(t(ratios), adv).item()),
+        "reading": "eps_high 0.28 lets the A > 0 ratio 1.5 count up to 1.28; dual-clip caps the A < 0 ratio 4 "
+                   "at 3 * |A|; 2 of 5 gradients are zeroed (1.5 with A > 0, 0.5 with A < 0)",
+    }
+
+    # Advantages of one group of rewards [0, 0, 1, 1] and a second group [1, 0, 0, 0], three ways, plus RLOO
+    groups = t([[0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    demo["advantage_variants"] = {
+        "rewards": groups.tolist(),
+        "group_std": _rounded(group_advantages(groups).tolist()),
+        "batch_std": _rounded(group_advantages(groups, scale="batch").tolist()),
+        "no_std": _rounded(group_advantages(groups, scale="none").tolist()),
+        "rloo": _rounded(rloo_advantages(groups).tolist()),
+        "reading": "the lone success of the second row gets +1.73 divided by its group's std, +0.75 without: a "
+                   "small std up-weights rare outcomes; RLOO = G/(G-1) times no_std (4/3 here)",
+    }
+
+    # k1, k2, k3 on one token the policy gives 0.5 and the reference 0.25, and their means under the policy
+    policy_probs, ref_probs = t([0.5, 0.25, 0.25]), t([0.25, 0.25, 0.5])
+    policy_lp, ref_lp = policy_probs.log(), ref_probs.log()
+    means = {name: _rounded((policy_probs * fn(policy_lp, ref_lp)).sum().item()) for name, fn in KL_ESTIMATORS.items()}
+    demo["kl_estimators"] = {
+        "policy": policy_probs.tolist(), "reference": ref_probs.tolist(),
+        "kl_exact": _rounded((policy_probs * (policy_lp - ref_lp)).sum().item()),
+        "k1_k2_k3_per_token": [_rounded(fn(policy_lp, ref_lp).tolist()) for fn in KL_ESTIMATORS.values()],
+        "k1_k2_k3_mean_under_policy": [means["k1"], means["k2"], means["k3"]],
+        "reading": "k1 and k3 average to the exact KL (k1 goes negative per token, k3 never); k2 is biased",
+    }
+
+    # GSPO's sequence ratio, SAPO's gate, truncated importance weights, the overlong penalty
+    seq_logp = t([[math.log(1.2), math.log(0.9), 0.0]])
+    seq_mask = torch.tensor([[1, 1, 0]])
+    gate_ratios = t([0.5, 1.0, 1.5, 3.0])
+    demo["sequence_variants"] = {
+        "token_ratios": [1.2, 0.9], "gspo_sequence_ratio": _rounded(sequence_log_ratio(seq_logp, torch.zeros_like(seq_logp),
+                                                                                        seq_mask).exp().item()),
+        "sapo_ratios": gate_ratios.tolist(),
+        "sapo_gate_tau_1": _rounded((torch.sigmoid(gate_ratios - 1.0) * 4.0).tolist()),
+        "tis_weights_cap_2": _rounded(truncated_importance_weights(t([0.0, 0.0, 0.0]), t([0.0, math.log(0.8),
+                                                                                          math.log(0.25)])).tolist()),
+        "overlong_lengths": [10, 13, 16, 17], "overlong_penalty_max_16_cache_4": _rounded(
+            overlong_penalty(torch.tensor([10, 13, 16, 17]), 16, 4).tolist()),
+        "reading": "GSPO's ratio is the geometric mean sqrt(1.2 * 0.9) = 1.039; SAPO's gate has the ratio's "
+                   "slope (1) at r = 1 and flattens away from it; TIS caps 1/0.25 = 4 at 2",
+    }
+
+    # The DPO family at one pair with margin 0.5 nats (beta 0.1; label smoothing 0.1)
+    zero, half = t([0.0]), t([0.5])
+    family = {
+        "dpo_sigmoid": dpo_loss(half, zero, zero, zero, beta=0.1),
+        "ipo": ipo_loss(half, zero, zero, zero, beta=0.1),
+        "hinge": dpo_hinge_loss(half, zero, zero, zero, beta=0.1),
+        "cdpo_e0.1": cdpo_loss(half, zero, zero, zero, beta=0.1, label_smoothing=0.1),
+        "robust_e0.1": robust_dpo_loss(half, zero, zero, zero, beta=0.1, label_smoothing=0.1),
+        "simpo_beta2_gamma0.5": simpo_loss(half, zero),
+    }
+    demo["dpo_family"] = {
+        "margin": 0.5, **{name: _rounded(value.item()) for name, value in family.items()},
+        "reading": "IPO is 0 at margin 1/(2 beta) = 5 and grows beyond it; the hinge is 0 from margin 1/beta = 10",
+    }
     return demo
+
+
+def atoms_text(demo):
+    """The atoms demo as compact text: one block per atom, one line per value (JSON: --json)."""
+    def shown(value):
+        if isinstance(value, list):
+            return "[" + ", ".join(shown(item) for item in value) + "]"
+        if isinstance(value, bool):
+            return "T" if value else "F"
+        if isinstance(value, float):
+            return f"{value:.6g}"
+        return str(value)
+
+    lines = []
+    for atom, values in demo.items():
+        lines.append(atom)
+        for key, value in values.items():
+            if key != "reading":
+                lines.append(f"  {key:<36s} {shown(value) if not isinstance(value, str) else value}")
+        if "reading" in values:
+            lines.append(f"  -> {values['reading']}")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -994,6 +1585,8 @@ def build_parser():
     parser.add_argument("--preference-flips", type=int_flag(0, 12), default=0,
                         help="DPO only: number of the 12 offline pairs whose chosen/rejected are swapped for the "
                              "whole run, integer in [0, 12]; with 'all' it applies to dpo alone")
+    parser.add_argument("--json", action="store_true",
+                        help="with --algorithm atoms: print the values as JSON instead of the compact text")
     parser.add_argument("--output", default="results",
                         help="folder for <algorithm>.csv and <algorithm>.json (created if missing)")
     return parser
@@ -1007,8 +1600,11 @@ def main(argv=None):
     if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
         parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
                      f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
+    if args.json and args.algorithm != "atoms":
+        parser.error(f"argument --json: only applies to --algorithm atoms, got {args.algorithm}")
     if args.algorithm == "atoms":
-        print(json_text(atomic_demo()), end="")
+        demo = atomic_demo()
+        print(json_text(demo) if args.json else atoms_text(demo), end="")
         return 0
     algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
     output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])

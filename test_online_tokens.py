@@ -140,15 +140,15 @@ class OnlineGRPO(unittest.TestCase):
                     self.assertAlmostEqual(report["initial_success_probability"], 0.0535, delta=1e-4)
                     self.assertGreater(rows[-1]["success_rate"], 0.9)
                     self.assertGreater(rows[-1]["success_probability"], 0.9)
-                    self.assertEqual(rows[-1]["optimizer_steps"], 2 * len(rows))
+                    self.assertEqual(rows[-1]["optimizer_steps"], 2 * (len(rows) - 1))  # row 0: before training
 
     def test_clip_binds_and_separates_grpo_from_cispo(self):
         grpo, cispo = cached_online(loss="grpo", seed=7)[0], cached_online(loss="cispo", seed=7)[0]
         # the first batch is the same (same seed, same sampler); Adam's first step moves ratios past 1.2
-        self.assertEqual(grpo[0]["reward_mean"], cispo[0]["reward_mean"])
-        self.assertGreater(grpo[0]["clip_fraction_effective"], 0.0)
-        self.assertEqual(cispo[0]["clip_fraction_effective"], 0.0)  # CISPO never zeroes a gradient
-        self.assertGreaterEqual(grpo[0]["clip_fraction_naive"], grpo[0]["clip_fraction_effective"])
+        self.assertEqual(grpo[1]["reward_mean"], cispo[1]["reward_mean"])
+        self.assertGreater(grpo[1]["clip_fraction"], 0.0)
+        self.assertEqual(cispo[1]["clip_fraction"], 0.0)  # CISPO never zeroes a gradient
+        self.assertGreaterEqual(grpo[1]["outside_clip_range_fraction"], grpo[1]["clip_fraction"])
         self.assertNotEqual(grpo[-1]["success_probability"], cispo[-1]["success_probability"])
 
     def test_clip_diagnostics_hand_cases(self):
@@ -156,16 +156,15 @@ class OnlineGRPO(unittest.TestCase):
         advantages = t([1.0, -1.0, -1.0, 1.0, 1.0, 0.0])
         grpo = online_tokens.clip_diagnostics(ratio, advantages, "grpo", 0.2, 5.0)
         # all but the last are outside 1 +- 0.2; the clip zeroes the first two and the 5.5 (A > 0) only
-        self.assertEqual(grpo, {"clip_fraction_naive": 5 / 6, "clip_fraction_effective": 3 / 6,
-                                "capped_fraction": 1 / 6})
+        self.assertEqual(grpo, {"clip_fraction": 3 / 6, "outside_clip_range_fraction": 5 / 6, "capped_fraction": 1 / 6})
         cispo = online_tokens.clip_diagnostics(ratio, advantages, "cispo", 0.2, 5.0)
-        self.assertEqual((cispo["clip_fraction_effective"], cispo["capped_fraction"]), (0.0, 1 / 6))
+        self.assertEqual((cispo["clip_fraction"], cispo["capped_fraction"]), (0.0, 1 / 6))
         # the cap is absolute: 5.5 > 5, while 1 + 5 = 6 would not count it
         self.assertEqual(online_tokens.clip_diagnostics(t([5.5]), t([1.0]), "cispo", 0.2, 5.0)["capped_fraction"], 1.0)
 
     def test_entropy_and_kl_columns_are_what_they_claim(self):
         rows = cached_online(loss="grpo", seed=7)[0]
-        self.assertAlmostEqual(rows[0]["entropy"], math.log(3.0), places=14)  # the uniform first policy
+        self.assertAlmostEqual(rows[1]["entropy"], math.log(3.0), places=14)  # the uniform first policy
         state = online_tokens.setup(seed=4)
         with torch.no_grad():
             state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(8),
@@ -187,8 +186,12 @@ class OnlineGRPO(unittest.TestCase):
 
     def test_row_statistics_are_consistent(self):
         rows = cached_online(loss="grpo", seed=7)[0]
+        # row 0 is the initial evaluation: the exact start, nothing sampled or updated
+        self.assertEqual({name: value for name, value in rows[0].items() if value != 0},
+                         {"success_probability": rows[0]["success_probability"]})
+        self.assertAlmostEqual(rows[0]["success_probability"], (2 / 9 + 2 / 27 + 2 / 81) / 6, places=15)
         total = 0
-        for row in rows:
+        for row in rows[1:]:
             total += row["tokens_sampled"]
             self.assertEqual(row["total_tokens_sampled"], total)
             self.assertLessEqual(row["ratio_min"], 1.0)
@@ -196,13 +199,13 @@ class OnlineGRPO(unittest.TestCase):
             self.assertTrue(0.0 <= row["success_rate"] <= 1.0 and 0.0 <= row["truncated_fraction"] <= 1.0)
             self.assertTrue(1.0 <= row["mean_response_length"] <= 5.0)
             self.assertGreaterEqual(row["kl_k3"], 0.0)
-        self.assertEqual(rows[0]["kl_k3"], 0.0)  # the first batch is sampled by the reference itself
+        self.assertEqual(rows[1]["kl_k3"], 0.0)  # the first batch is sampled by the reference itself
 
     def test_same_seed_same_rows_and_reductions_change_the_run(self):
         first = online_tokens.train(steps=5, seed=13)[0]
         self.assertEqual(first, online_tokens.train(steps=5, seed=13)[0])
         token = online_tokens.train(steps=5, seed=13, reduction="token")[0]
-        self.assertEqual(first[0]["reward_mean"], token[0]["reward_mean"])  # same first batch
+        self.assertEqual(first[1]["reward_mean"], token[1]["reward_mean"])  # same first batch
         self.assertNotEqual(first[-1]["success_probability"], token[-1]["success_probability"])
 
     def test_online_train_rejects_bad_settings(self):
@@ -273,7 +276,7 @@ class OnlineCLI(unittest.TestCase):
             first_json = handle.read()
         rows = list(csv.DictReader(io.StringIO(first_csv.decode())))
         self.assertEqual(list(rows[0]), online_tokens.COLUMNS)
-        self.assertEqual([int(row["step"]) for row in rows], [1, 2, 3, 4])
+        self.assertEqual([int(row["step"]) for row in rows], [0, 1, 2, 3, 4])
         report = json.loads(first_json)
         self.assertEqual((report["settings"]["loss"], report["settings"]["reduction"]), ("cispo", "constant"))
         run_main(online_tokens.main, argv)
