@@ -736,6 +736,18 @@ def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, co
         kl_estimator(kept_policy.detach(), kept_ref)
 
 
+def _weighted(policy_term, importance_weights, completion_mask, check):
+    """The (N, R) policy term times detached per-token importance weights, or unchanged for None."""
+    if importance_weights is None:
+        return policy_term
+    if check:
+        check_tensor("importance_weights", importance_weights, ndim=2)
+        check_same_shape([("completion_mask", completion_mask), ("importance_weights", importance_weights)])
+        if bool((importance_weights < 0).any()):
+            raise ValueError("importance_weights: expected weights >= 0")
+    return policy_term * importance_weights.detach()
+
+
 def _kl_term(kl_estimator, policy_logps, ref_logps, beta):
     """beta * the chosen estimator per token; a plain 0.0 when beta is 0 (x - 0.0 is x, bit for bit, and
     an estimate that would overflow on a far-off token cannot turn into 0 * inf = NaN)."""
@@ -746,7 +758,8 @@ def _kl_term(kl_estimator, policy_logps, ref_logps, beta):
 
 def grpo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.2, beta=0.1, reduction="sequence",
-    max_new_tokens=None, epsilon_high=None, dual_clip=None, *, kl_estimator=token_kl_penalty, check=True,
+    max_new_tokens=None, epsilon_high=None, dual_clip=None, *, kl_estimator=token_kl_penalty, importance_weights=None,
+    check=True,
 ):
     """GRPO token loss of the lesson (MiniMind train_grpo.py; DeepSeekMath, arXiv 2402.03300, eq. 3).
 
@@ -764,6 +777,8 @@ def grpo_policy_loss(
         reduction, max_new_tokens: see `reduce_token_loss` (default: per-sequence mean, then mean).
         epsilon_high, dual_clip: see `clipped_policy_loss` (None: the symmetric range, no dual clip).
         kl_estimator: the per-token KL atom, kl_k3 (the lesson's, default), kl_k1 or kl_k2.
+        importance_weights: None, or (N, R) detached per-token weights that multiply the policy term
+            (not the KL term), such as `truncated_importance_weights`, as TRL applies them.
         check: validate the arguments (see the note above the atoms).
     Returns:
         scalar loss to minimize.
@@ -780,13 +795,14 @@ def grpo_policy_loss(
     if check and dual_clip is None:
         _refuse_overflow("policy_logps", policy_logps - old_logps, expanded)
     policy_term = -clipped_policy_loss(policy_logps, old_logps, expanded, epsilon, epsilon_high, dual_clip, check=False)
+    policy_term = _weighted(policy_term, importance_weights, completion_mask, check)
     per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
     return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
 
 
 def cispo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
-    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, check=True,
+    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, importance_weights=None, check=True,
 ):
     """CISPO token loss (MiniMax-M1, arXiv 2506.13585, sec. 3.1, eq. 4; MiniMind train_grpo.py).
 
@@ -819,6 +835,7 @@ def cispo_policy_loss(
     # detached: the weight scales the score-function gradient but is not differentiated itself
     weight = ratio.clamp(max=epsilon_high).detach()
     policy_term = weight * advantages.detach().unsqueeze(1) * policy_logps  # (N,) -> (N, 1) -> (N, R)
+    policy_term = _weighted(policy_term, importance_weights, completion_mask, check)
     per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
     return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
 
@@ -877,7 +894,7 @@ def gspo_policy_loss(
 
 def sapo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, tau_pos=1.0, tau_neg=1.05, beta=0.0,
-    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, check=True,
+    reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, importance_weights=None, check=True,
 ):
     """SAPO token loss: a smooth gate instead of a hard clip (Soft Adaptive Policy Optimization,
     Gao et al., arXiv 2511.20347; defaults tau_pos 1.0, tau_neg 1.05 as the paper's).
@@ -910,7 +927,8 @@ def sapo_policy_loss(
     expanded = advantages.detach().unsqueeze(1).expand_as(ratio)  # (N,) -> (N, R)
     tau = torch.where(expanded > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
-    per_token_loss = -(gate * expanded - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
+    policy_term = _weighted(gate * expanded, importance_weights, completion_mask, check)
+    per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
     return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
 
 

@@ -88,7 +88,7 @@ class OnlineGRPO(unittest.TestCase):
         batch = rollout_with_advantages(state)
         kept = batch["mask"].bool()
         self.assertTrue(bool((~kept).any()))  # the batch has PAD positions
-        for name, loss_fn in online_tokens.LOSSES.items():
+        for name, loss_fn in online_tokens.GROUP_LOSSES.items():
             with self.subTest(loss=name):
                 logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"],
                                                             1.0).detach().requires_grad_(True)
@@ -154,13 +154,14 @@ class OnlineGRPO(unittest.TestCase):
     def test_clip_diagnostics_hand_cases(self):
         ratio = t([1.5, 0.5, 1.5, 0.5, 5.5, 1.0])
         advantages = t([1.0, -1.0, -1.0, 1.0, 1.0, 0.0])
-        grpo = online_tokens.clip_diagnostics(ratio, advantages, "grpo", 0.2, 5.0)
+        grpo = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(), first_pass=False)
         # all but the last are outside 1 +- 0.2; the clip zeroes the first two and the 5.5 (A > 0) only
-        self.assertEqual(grpo, {"clip_fraction": 3 / 6, "outside_clip_range_fraction": 5 / 6, "capped_fraction": 1 / 6})
-        cispo = online_tokens.clip_diagnostics(ratio, advantages, "cispo", 0.2, 5.0)
+        self.assertEqual(grpo, {"clip_fraction": 3 / 6, "outside_clip_range_fraction": 5 / 6, "capped_fraction": 0.0})
+        cispo = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(algorithm="cispo"), False)
+        # the cap is absolute: 5.5 > 5 counts, while 1 + 5 = 6 would not; CISPO zeroes no gradient
         self.assertEqual((cispo["clip_fraction"], cispo["capped_fraction"]), (0.0, 1 / 6))
-        # the cap is absolute: 5.5 > 5, while 1 + 5 = 6 would not count it
-        self.assertEqual(online_tokens.clip_diagnostics(t([5.5]), t([1.0]), "cispo", 0.2, 5.0)["capped_fraction"], 1.0)
+        first = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(), first_pass=True)
+        self.assertEqual(first["clip_fraction"], 0.0)  # the first pass sees ratio 1 exactly
 
     def test_entropy_and_kl_columns_are_what_they_claim(self):
         rows = cached_online(loss="grpo", seed=7)[0]
@@ -278,7 +279,7 @@ class OnlineCLI(unittest.TestCase):
         self.assertEqual(list(rows[0]), online_tokens.COLUMNS)
         self.assertEqual([int(row["step"]) for row in rows], [0, 1, 2, 3, 4])
         report = json.loads(first_json)
-        self.assertEqual((report["settings"]["loss"], report["settings"]["reduction"]), ("cispo", "constant"))
+        self.assertEqual((report["settings"]["algorithm"], report["settings"]["reduction"]), ("cispo", "constant"))
         run_main(online_tokens.main, argv)
         with open(os.path.join(out, "online.csv"), "rb") as handle:
             self.assertEqual(handle.read(), first_csv)
