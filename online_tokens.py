@@ -218,6 +218,11 @@ def verify(number, tokens, truncated):
     tokens = list(tokens)
     if truncated and EOS in tokens:
         raise ValueError("truncated: a response that holds an EOS stopped; it cannot be truncated")
+    return _score(number, tokens, truncated)
+
+
+def _score(number, tokens, truncated):
+    """`verify` without the argument checks, for the rollout's own lists."""
     answer = list(ANSWERS[number])
     if not truncated and tokens == answer + [EOS]:
         return REWARD_CORRECT
@@ -249,7 +254,7 @@ def success_probability(table, temperature):
 
 
 def _success_probability(table, temperature):
-    ids, real = answer_table()
+    ids, real = _ANSWERS_TABLE
     if ids.shape[1] > table.shape[1]:  # the cap is shorter than the longest answer + EOS
         ids, real = ids[:, : table.shape[1]], real[:, : table.shape[1]]
         reachable = torch.tensor([len(answer) + 1 <= table.shape[1] for answer in ANSWERS])
@@ -259,6 +264,9 @@ def _success_probability(table, temperature):
         logps = token_logps(table[:, : ids.shape[1]], torch.arange(ids.shape[0]), ids, temperature)
         path = torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()  # (P,)
         return torch.where(reachable, path, torch.zeros_like(path)).mean().item()
+
+
+_ANSWERS_TABLE = answer_table()  # built once; read-only
 
 
 def response_kl(table, reference, temperature):
@@ -524,10 +532,11 @@ def _sample_groups(state, sampler, prompt_count):
         run_config["rollout_top_p"] if mismatch else None, with_logps=mismatch,
     )
     rewards = torch.tensor(
-        [verify(number, ids[row_real].tolist(), cut)
-         for number, ids, row_real, cut in zip(prompts.tolist(), completion_ids, real, truncated.tolist())],
+        [_score(number, [token for token, keep in zip(ids, row_real) if keep], cut)
+         for number, ids, row_real, cut in zip(prompts.tolist(), completion_ids.tolist(), real.tolist(),
+                                               truncated.tolist())],
         dtype=DTYPE, device=DEVICE,
-    )  # (B*G,)
+    )  # (B*G,): the verifier's score of each response's real tokens
     return {"prompts": prompts, "completion_ids": completion_ids, "real": real, "truncated": truncated,
             "rewards": rewards, "sampler_logps": sampler_logps}
 

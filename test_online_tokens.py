@@ -48,6 +48,7 @@ _ONLINE_CACHE = {}
 
 
 def cached_online(**overrides):
+    overrides = {"algorithm": overrides.pop("loss"), **overrides} if "loss" in overrides else overrides
     key = tuple(sorted(overrides.items()))
     if key not in _ONLINE_CACHE:
         _ONLINE_CACHE[key] = online_tokens.train(**overrides)
@@ -132,15 +133,10 @@ class OnlineGRPO(unittest.TestCase):
                                    rtol=0, atol=1e-15)
         self.assertGreater(state["table"].detach().abs().max().item(), 0.1)  # while the policy moved
 
-    def test_both_losses_learn_on_three_seeds(self):
+    def test_optimizer_steps_follow_updates_per_batch(self):
         for loss in ("grpo", "cispo"):
-            for seed in (0, 7, 19):
-                with self.subTest(loss=loss, seed=seed):
-                    rows, report = cached_online(loss=loss, seed=seed)
-                    self.assertAlmostEqual(report["initial_success_probability"], 0.0535, delta=1e-4)
-                    self.assertGreater(rows[-1]["success_rate"], 0.9)
-                    self.assertGreater(rows[-1]["success_probability"], 0.9)
-                    self.assertEqual(rows[-1]["optimizer_steps"], 2 * (len(rows) - 1))  # row 0: before training
+            rows = cached_online(loss=loss, seed=7)[0]
+            self.assertEqual(rows[-1]["optimizer_steps"], 2 * (len(rows) - 1))  # row 0: before training
 
     def test_clip_binds_and_separates_grpo_from_cispo(self):
         grpo, cispo = cached_online(loss="grpo", seed=7)[0], cached_online(loss="cispo", seed=7)[0]
@@ -300,6 +296,21 @@ class OnlineCLI(unittest.TestCase):
             ("--lr", ["--lr", "-0.1"]),
             ("--temperature", ["--temperature", "5e-324"]),  # would overflow every tempered logit
             ("--prompts", ["--prompts", "4096", "--group-size", "1024", "--max-new-tokens", "64"]),  # ~15 GB
+            ("--epsilon-high", ["--epsilon-high", "-1"]),
+            ("--dual-clip", ["--dual-clip", "1"]),  # c must exceed 1
+            ("--dual-clip", ["--algorithm", "cispo", "--dual-clip", "3"]),  # does not apply to cispo
+            ("--gae-lambda", ["--gae-lambda", "0.5"]),  # a PPO flag with the default grpo
+            ("--dpo-loss", ["--algorithm", "dpo", "--dpo-loss", "kto"]),
+            ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.5"]),
+            ("--scale-rewards", ["--advantage", "rloo", "--scale-rewards", "none"]),  # RLOO divides by no std
+            ("--overlong-penalty", ["--overlong-penalty", "6"]),  # a cache beyond the 5-token cap
+            ("--rollout-top-p", ["--rollout-top-p", "0"]),
+            ("--tis-cap", ["--tis-cap", "0.5"]),
+            ("--tis-cap", ["--algorithm", "gspo", "--tis-cap", "2"]),
+            ("--reduction", ["--algorithm", "all", "--reduction", "token"]),  # not for ppo and dpo
+            ("--loss", ["--algorithm", "ppo", "--loss", "grpo"]),  # two names for two algorithms
+            ("--algorithm", ["--algorithm", "reinforce"]),
+            ("--truncation", ["--algorithm", "ppo", "--truncation", "never"]),
         ]
         for flag, argv in cases:
             with self.subTest(argv=argv):
@@ -309,6 +320,312 @@ class OnlineCLI(unittest.TestCase):
                 self.assertIn(flag, stderr)
                 self.assertEqual(stdout, "")
                 self.assertFalse(os.path.exists(out))
+
+    def test_all_writes_four_folders_and_a_comparison_byte_identically(self):
+        out = os.path.join(self.tmp.name, "four")
+        argv = ["--algorithm", "all", "--steps", "3", "--output", out]
+        code, stdout, stderr = run_main(online_tokens.main, argv)
+        self.assertEqual((code, stderr), (0, ""))
+        self.assertEqual(sorted(os.listdir(out)), ["cispo", "comparison.csv", "comparison.md", "dpo", "grpo", "ppo"])
+        with open(os.path.join(out, "comparison.csv"), encoding="utf-8") as handle:
+            table = list(csv.DictReader(handle))
+        self.assertEqual([row["algorithm"] for row in table], list(online_tokens.FOUR_ALGORITHMS))
+        self.assertEqual({row["responses_sampled"] for row in table}, {str(3 * 64)})  # one budget: B*G per iteration
+        self.assertIn("wall_seconds", stdout)
+        snapshot = {}
+        for folder, _, names in os.walk(out):
+            for name in names:
+                with open(os.path.join(folder, name), "rb") as handle:
+                    snapshot[os.path.relpath(os.path.join(folder, name), out)] = handle.read()
+        self.assertEqual(len(snapshot), 10)
+        self.assertNotIn(b"wall", snapshot["comparison.csv"])  # machine-dependent: printed, not written
+        run_main(online_tokens.main, argv)
+        for relative, content in snapshot.items():
+            with open(os.path.join(out, relative), "rb") as handle:
+                self.assertEqual(handle.read(), content, relative)
+
+    def test_every_report_names_the_trl_and_verl_options(self):
+        cases = [
+            ({}, "trl", "loss_type", "grpo"),
+            ({}, "verl", "actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-mean"),
+            ({"scale_rewards": "none"}, "verl", "algorithm.norm_adv_by_std_in_grpo", False),
+            ({"advantage": "rloo"}, "verl", "algorithm.adv_estimator", "rloo"),
+            ({"algorithm": "gspo"}, "trl", "importance_sampling_level", "sequence"),
+            ({"algorithm": "cispo"}, "verl", "actor_rollout_ref.actor.clip_ratio_high", 4.0),
+            ({"epsilon_high": 0.28}, "trl", "epsilon_high", 0.28),
+            ({"dual_clip": 3.0}, "verl", "actor_rollout_ref.actor.clip_ratio_c", 3.0),
+            ({"kl_in": "reward", "kl_estimator": "k2"}, "verl", "algorithm.kl_penalty", "mse"),
+            ({"algorithm": "ppo"}, "trl", "kl_estimator", "k1"),
+            ({"algorithm": "dpo", "dpo_loss": "ipo"}, "trl", "loss_type", "ipo"),
+        ]
+        for options, library, key, value in cases:
+            with self.subTest(options=options, key=key):
+                report = online_tokens.train(steps=1, **options)[1]
+                self.assertEqual(list(report)[:3], ["settings", "trl", "verl"])
+                self.assertEqual(report[library]["options"][key], value)
+        shared = online_tokens.train(steps=1, algorithm="ppo", cap_value="shared")[1]
+        self.assertIn("truncation=bootstrap", shared["trl"]["unmatched"])  # neither library bootstraps a cut response
+        dpo = online_tokens.train(steps=1, algorithm="dpo")[1]
+        self.assertIsNone(dpo["verl"]["options"])  # verl's core has no DPO trainer
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-level PPO with a critic (online_tokens.py --algorithm ppo)
+# ---------------------------------------------------------------------------------------------
+
+
+def hand_batch():
+    """Three responses of prompt 2 ("10"), R = 4: one ends with EOS, one is cut at the cap, one is PAD-heavy."""
+    eos = online_tokens.EOS
+    ids = torch.tensor([[1, 0, eos, eos], [1, 1, 0, 1], [eos, eos, eos, eos]])
+    real = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    generator = torch.Generator().manual_seed(3)
+    return {
+        "prompts": torch.tensor([2, 2, 2]), "completion_ids": ids, "real": real,
+        "truncated": torch.tensor([False, True, False]), "rewards": t([1.0, 0.25, 0.0]),
+        "mask": real.long(), "old_logps": -torch.rand(3, 4, generator=generator, dtype=DTYPE),
+        "ref_logps": -torch.rand(3, 4, generator=generator, dtype=DTYPE),
+    }
+
+
+def loop_gae(rewards, values, next_value, terminal, gamma, lam):
+    """Plain GAE over one response, last token first."""
+    advantages, running = [0.0] * len(rewards), 0.0
+    for index in reversed(range(len(rewards))):
+        following = next_value if index == len(rewards) - 1 else values[index + 1]
+        if index == len(rewards) - 1 and terminal:
+            following = 0.0
+        delta = rewards[index] + gamma * following - values[index]
+        running = delta + gamma * lam * (0.0 if index == len(rewards) - 1 else running)
+        advantages[index] = running
+    return advantages
+
+
+class TokenPPO(unittest.TestCase):
+    def test_per_token_advantages_match_a_loop_of_gae_per_response(self):
+        batch = hand_batch()
+        generator = torch.Generator().manual_seed(8)
+        critic = torch.randn(6, 5, 4, generator=generator, dtype=DTYPE)  # (P, R+1, S), row 4: after the cap
+        for cap_value in ("table", "shared"):
+            for truncation in ("bootstrap", "terminal"):
+                with self.subTest(cap_value=cap_value, truncation=truncation):
+                    run_config = online_tokens.config(algorithm="ppo", max_new_tokens=4, beta=0.1, gamma=0.9,
+                                                      gae_lambda=0.8, truncation=truncation, cap_value=cap_value)
+                    advantages, returns, values, _, _ = online_tokens.ppo_advantages(run_config, critic, batch)
+                    for n in range(3):
+                        length = int(batch["mask"][n].sum())
+                        previous = [online_tokens.BOS_STATE] + batch["completion_ids"][n, :length - 1].tolist()
+                        v = [critic[2, position, previous[position]].item() for position in range(length)]
+                        r = [-0.1 * (batch["old_logps"][n, p] - batch["ref_logps"][n, p]).item() for p in range(length)]
+                        r[-1] += batch["rewards"][n].item()
+                        cut = bool(batch["truncated"][n])
+                        row = 4 if cap_value == "table" else 3
+                        after_cap = critic[2, row, batch["completion_ids"][n, 3]].item()
+                        expected = loop_gae(r, v, after_cap, not (cut and truncation == "bootstrap"), 0.9, 0.8)
+                        self.assertEqual(len(expected), length)
+                        for position in range(4):
+                            want = expected[position] if position < length else 0.0  # PAD is never touched
+                            self.assertAlmostEqual(advantages[n, position].item(), want, places=13)
+                            if position < length:
+                                self.assertAlmostEqual(returns[n, position].item(), want + v[position], places=13)
+
+    def test_a_table_critic_bootstraps_the_cut_response_from_0_so_it_equals_terminal(self):
+        bootstrap = online_tokens.train(algorithm="ppo", steps=12, seed=3)[0]
+        terminal = online_tokens.train(algorithm="ppo", steps=12, seed=3, truncation="terminal")[0]
+        shared = online_tokens.train(algorithm="ppo", steps=12, seed=3, cap_value="shared")[0]
+        self.assertEqual(bootstrap, terminal)  # the state after the cap is never visited: its value stays 0
+        self.assertNotEqual(bootstrap[-1]["success_probability"], shared[-1]["success_probability"])
+
+    def test_the_critic_never_receives_the_actors_gradient_and_whitening_is_standard(self):
+        state = online_tokens.setup(algorithm="ppo", seed=4)
+        with torch.no_grad():
+            state["critic"].add_(torch.randn(state["critic"].shape, generator=torch.Generator().manual_seed(1),
+                                             dtype=DTYPE))
+        batch = rollout_with_advantages(state)
+        kept = batch["mask"].bool()
+        self.assertAlmostEqual(batch["advantages"][kept].mean().item(), 0.0, places=13)
+        self.assertAlmostEqual(batch["advantages"][kept].std(correction=0).item(), 1.0, places=7)  # eps 1e-8
+        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
+        policy_loss = online_tokens.clipped_policy_loss(logps, batch["old_logps"], batch["advantages"])[kept].mean()
+        actor_grad, critic_grad = torch.autograd.grad(policy_loss, [state["table"], state["critic"]],
+                                                      allow_unused=True)
+        self.assertIsNone(critic_grad)  # advantages are detached: no path from the actor's loss to the critic
+        self.assertGreater(actor_grad.abs().max().item(), 0.0)
+
+    def test_first_update_direction_is_reinforce_with_the_critic_by_hand(self):
+        state = online_tokens.setup(algorithm="ppo", seed=5, beta=0.0, whiten_advantages=False)
+        batch = rollout_with_advantages(state)
+        kept = batch["mask"].bool()
+        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
+        loss = torch.where(kept, online_tokens.clipped_policy_loss(logps, batch["old_logps"], batch["advantages"]),
+                           torch.zeros_like(logps)).sum() / kept.sum()
+        (gradient,) = torch.autograd.grad(loss, state["table"])
+        # by hand: -(1/K) sum_t A_t grad log pi(a_t | s_t), with grad log softmax = onehot - p (all p = 1/3)
+        expected = torch.zeros_like(gradient)
+        count = int(kept.sum())
+        for n in range(kept.shape[0]):
+            previous = online_tokens.BOS_STATE
+            for position in range(int(kept[n].sum())):
+                token = int(batch["completion_ids"][n, position])
+                advantage = batch["advantages"][n, position].item()
+                for a in range(3):
+                    indicator = 1.0 if a == token else 0.0
+                    expected[int(batch["prompts"][n]), position, previous, a] -= advantage * (indicator - 1 / 3) / count
+                previous = token
+        torch.testing.assert_close(gradient, expected, rtol=0, atol=1e-14)
+        # with a zero critic and gamma 1, the last token's advantage is the response's reward
+        last = kept.sum(dim=1) - 1
+        torch.testing.assert_close(batch["advantages"][torch.arange(kept.shape[0]), last], batch["rewards"],
+                                   rtol=0, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Online DPO (online_tokens.py --algorithm dpo)
+# ---------------------------------------------------------------------------------------------
+
+
+class OnlineDPO(unittest.TestCase):
+    def test_two_samples_with_two_rewards_give_the_dpo_atom_on_that_pair(self):
+        for seed in range(40):  # the first seed whose one group of 2 has two different rewards
+            state = online_tokens.setup(algorithm="dpo", seed=seed, prompts=1, group_size=2, updates_per_batch=1)
+            batch = rollout_with_advantages(state)
+            if batch["rewards"][0] != batch["rewards"][1]:
+                break
+        self.assertEqual(batch["chosen"].numel(), 1)
+        chosen, rejected = int(batch["chosen"][0]), int(batch["rejected"][0])
+        self.assertGreater(batch["rewards"][chosen].item(), batch["rewards"][rejected].item())
+        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
+        kept = batch["mask"].bool()
+        summed = torch.where(kept, logps, torch.zeros_like(logps)).sum(dim=1)
+        ref = torch.where(kept, batch["ref_logps"], torch.zeros_like(logps)).sum(dim=1)
+        expected = online_tokens.dpo_loss(summed[chosen:chosen + 1], summed[rejected:rejected + 1],
+                                          ref[chosen:chosen + 1], ref[rejected:rejected + 1], beta=0.5)
+        diagnostics = online_tokens.update(state, batch)
+        self.assertAlmostEqual(diagnostics["loss"], expected.item(), places=14)
+        self.assertAlmostEqual(diagnostics["loss"], math.log(2.0), places=14)  # policy = reference at the start
+
+    def test_tied_prompts_contribute_nothing(self):
+        state = online_tokens.setup(algorithm="dpo", seed=1)
+        batch = online_tokens.rollout(state)
+        batch["rewards"] = torch.zeros_like(batch["rewards"])  # every prompt's responses tie
+        batch = online_tokens.compute_advantages(state, batch)
+        self.assertEqual((batch["chosen"].numel(), batch["tied_prompts"]), (0, 8))
+        before = state["table"].detach().clone()
+        diagnostics = online_tokens.update(state, batch)
+        self.assertEqual((diagnostics["loss"], state["optimizer_steps"]), (0.0, 0))
+        self.assertTrue(torch.equal(state["table"].detach(), before))
+
+    def test_offline_pairs_come_from_the_initial_policy(self):
+        state = online_tokens.setup(algorithm="dpo", seed=2, offline=True)
+        with torch.no_grad():
+            state["table"][:, :, :, online_tokens.EOS] += 50.0  # a policy that would only ever say EOS
+        batch = online_tokens.rollout(state)
+        self.assertGreater(batch["mask"].sum(dim=1).double().mean().item(), 1.5)  # sampled from the uniform start
+        online = online_tokens.setup(algorithm="dpo", seed=2)
+        with torch.no_grad():
+            online["table"][:, :, :, online_tokens.EOS] += 50.0
+        self.assertEqual(online_tokens.rollout(online)["mask"].sum(dim=1).double().mean().item(), 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The GRPO family's switches
+# ---------------------------------------------------------------------------------------------
+
+
+class GroupFamilySwitches(unittest.TestCase):
+    def test_kl_in_the_reward_is_beta_times_the_summed_estimate(self):
+        state = online_tokens.setup(seed=6, kl_in="reward", kl_estimator="k1", beta=0.5)
+        with torch.no_grad():
+            state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(2),
+                                            dtype=DTYPE))
+        batch = online_tokens.rollout(state)
+        kept = batch["mask"].bool()
+        summed = torch.where(kept, batch["old_logps"] - batch["ref_logps"], torch.zeros_like(batch["old_logps"]))
+        torch.testing.assert_close(batch["scores"], batch["rewards"] - 0.5 * summed.sum(dim=1), rtol=0, atol=1e-14)
+
+    def test_overlong_penalty_and_masked_truncation(self):
+        state = online_tokens.setup(seed=3, max_new_tokens=4, overlong_penalty=2, mask_truncated=True)
+        batch = rollout_with_advantages(state)
+        lengths = batch["mask"].sum(dim=1)
+        expected = batch["rewards"] + torch.where(lengths <= 2, torch.zeros_like(batch["rewards"]), (2.0 - lengths) / 2)
+        torch.testing.assert_close(batch["scores"], expected, rtol=0, atol=1e-15)
+        self.assertTrue(bool(batch["truncated"].any()))
+        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
+        logps = logps.detach().requires_grad_(True)
+        mask = batch["mask"] * (~batch["truncated"]).unsqueeze(1).long()
+        grpo_policy_loss(logps, batch["old_logps"], batch["ref_logps"], batch["advantages"], mask).backward()
+        self.assertEqual(logps.grad[batch["truncated"]].abs().max().item(), 0.0)
+        row = online_tokens.record(state, batch, online_tokens.update(state, batch), 1)
+        self.assertEqual(row["masked_truncated"], int(batch["truncated"].sum()))
+
+    def test_dynamic_sampling_keeps_groups_that_vary_and_counts_every_response(self):
+        state = online_tokens.setup(seed=7, dynamic_sampling=True)
+        batch = online_tokens.rollout(state)
+        grouped = batch["rewards"].reshape(8, 8)
+        self.assertFalse(bool((grouped == grouped[:, :1]).all(dim=1).any()))  # every group varies
+        self.assertGreater(batch["responses_sampled"], 64)
+        self.assertEqual(batch["responses_sampled"] % 64, 0)  # whole batches of 8 prompts were drawn
+        self.assertGreater(batch["filtered_groups"], 0)
+        self.assertGreaterEqual(batch["tokens_sampled"], int(batch["mask"].sum()))
+
+    def test_importance_weights_are_1_without_mismatch_and_capped_with_one(self):
+        same = online_tokens.rollout(online_tokens.setup(seed=2, rollout_temperature=1.0, tis_cap=2.0))
+        kept = same["mask"].bool()
+        self.assertEqual(same["importance_weights"][kept].tolist(), [1.0] * int(kept.sum()))
+        state = online_tokens.setup(seed=2, rollout_temperature=3.0, tis_cap=1.5)
+        with torch.no_grad():  # a uniform table looks the same at every temperature: give it preferences
+            state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(5),
+                                            dtype=DTYPE))
+        hot = online_tokens.rollout(state)
+        weights = hot["importance_weights"][hot["mask"].bool()]
+        self.assertLess(weights.min().item(), 1.0)
+        self.assertEqual(weights.max().item(), 1.5)
+        nucleus = online_tokens.nucleus(t([[0.5, 0.3, 0.2]]), 0.75)  # 0.5 + 0.3 reach 0.75: 0.2 is cut
+        torch.testing.assert_close(nucleus, t([[0.625, 0.375, 0.0]]), rtol=0, atol=1e-15)
+
+    def test_gspo_sees_sequence_ratio_1_on_the_first_pass(self):
+        rows = online_tokens.train(algorithm="gspo", steps=2, seed=1)[0]
+        self.assertEqual(rows[1]["ratio_max"] >= 1.0 >= rows[1]["ratio_min"], True)
+        state = online_tokens.setup(algorithm="gspo", seed=1)
+        batch = rollout_with_advantages(state)
+        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
+        ratio = online_tokens.sequence_log_ratio(logps, batch["old_logps"], batch["mask"]).exp()
+        self.assertEqual(ratio.tolist(), [1.0] * 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning: the four algorithms and the GRPO family's variants on seeds 0, 7 and 19
+# ---------------------------------------------------------------------------------------------
+
+LEARNING_SEEDS = (0, 7, 19)
+
+
+class Learning(unittest.TestCase):
+    def assert_learns(self, options, seeds=LEARNING_SEEDS, threshold=0.9):
+        for seed in seeds:
+            with self.subTest(seed=seed, **options):
+                rows, report = cached_online(seed=seed, **options)
+                self.assertAlmostEqual(report["initial_success_probability"], 0.0535, delta=1e-4)
+                self.assertGreater(rows[-1]["success_probability"], threshold)
+
+    def test_ppo_dpo_grpo_cispo_learn_at_one_budget(self):
+        for algorithm in online_tokens.FOUR_ALGORITHMS:
+            self.assert_learns({"algorithm": algorithm})
+
+    def test_the_grpo_familys_variants_learn(self):
+        for options in ({"algorithm": "gspo"}, {"algorithm": "sapo"}, {"advantage": "rloo"},
+                        {"scale_rewards": "none"}, {"scale_rewards": "batch"}, {"epsilon_high": 0.28},
+                        {"dual_clip": 3.0}, {"kl_estimator": "k1"}, {"kl_estimator": "k2"},
+                        {"dynamic_sampling": True}):
+            self.assert_learns(options)
+
+    def test_documented_slow_variants_stay_below_or_near_the_target_at_60_iterations(self):
+        # README: offline DPO learns from the initial policy's pairs and stalls near 0.6 (a result, not a bug);
+        # the sequence KL in the reward slows GRPO down
+        for seed in LEARNING_SEEDS:
+            offline = cached_online(seed=seed, algorithm="dpo", offline=True)[0]
+            self.assertLess(offline[-1]["success_probability"], 0.8)
+            self.assertGreater(offline[-1]["success_probability"], 0.3)  # it does learn something
 
 
 

@@ -27,6 +27,7 @@ from rl_lab import (
     DTYPE,
     categorical_kl,
     cispo_policy_loss,
+    clip_fraction,
     clipped_policy_loss,
     completion_mask,
     dpo_loss,
@@ -34,10 +35,17 @@ from rl_lab import (
     group_advantages,
     group_relative_advantages,
     grpo_policy_loss,
+    gspo_policy_loss,
+    kl_k1,
+    kl_k2,
+    overlong_penalty,
     reduce_token_loss,
     response_logps,
     response_token_logps,
+    rloo_advantages,
+    sapo_policy_loss,
     token_kl_penalty,
+    truncated_importance_weights,
 )
 
 _THREADS = torch_threads(1)  # the tensors are tiny: one thread, as the drivers use
@@ -613,6 +621,291 @@ class ExtremeInput(unittest.TestCase):
                 rl_lab.evaluate(*args)
         float32 = rl_lab.evaluate(torch.zeros(4, 3))  # a float32 table is evaluated in its own dtype
         self.assertAlmostEqual(float32["expected_reward"], 0.7 / 3, places=6)
+
+
+# ---------------------------------------------------------------------------------------------
+# The field's variants (SPEC section 7)
+# ---------------------------------------------------------------------------------------------
+
+
+def enumerate_gradient(estimator, logits, ref_logp):
+    """E_{a ~ pi}[grad of estimator(log pi(a), ref(a))] by enumeration: the sampling weights pi(a) are
+    not differentiated, as when the estimator is a loss term on sampled tokens."""
+    logits = logits.clone().requires_grad_(True)
+    logp = F.log_softmax(logits, dim=-1)
+    weights = logp.exp().detach()
+    (gradient,) = torch.autograd.grad((weights * estimator(logp, ref_logp)).sum(), logits)
+    return gradient
+
+
+def exact_kl_gradient(logits, ref_logp, forward=True):
+    """grad of the exact KL(pi || ref) (forward=True) or KL(ref || pi) w.r.t. pi's logits."""
+    logits = logits.clone().requires_grad_(True)
+    logp = F.log_softmax(logits, dim=-1)
+    kl = (logp.exp() * (logp - ref_logp)).sum() if forward else (ref_logp.exp() * (ref_logp - logp)).sum()
+    (gradient,) = torch.autograd.grad(kl, logits)
+    return gradient
+
+
+class ClipVariants(unittest.TestCase):
+    def test_defaults_are_bit_identical_to_an_explicit_symmetric_range(self):
+        generator = torch.Generator().manual_seed(5)
+        logp, old, adv = (torch.randn(64, generator=generator, dtype=DTYPE) for _ in range(3))
+        default = clipped_policy_loss(logp, old, adv)
+        self.assertTrue(torch.equal(default, clipped_policy_loss(logp, old, adv, 0.2, 0.2)))
+        self.assertTrue(torch.equal(default, clipped_policy_loss(logp, old, adv, 0.2, None, None)))
+
+    def test_clip_higher_and_dual_clip_hand_values_and_gradients(self):
+        logp = t([1.5, 0.5, 1.5, 0.5, 4.0]).log().requires_grad_()
+        adv = t([1.0, -1.0, -1.0, 1.0, -1.0])
+        higher = clipped_policy_loss(logp, torch.zeros(5, dtype=DTYPE), adv, 0.2, 0.28)
+        torch.testing.assert_close(higher, t([-1.28, 0.8, 1.5, -0.5, 4.0]), rtol=0, atol=1e-12)
+        dual = clipped_policy_loss(logp, torch.zeros(5, dtype=DTYPE), adv, 0.2, None, 3.0)
+        torch.testing.assert_close(dual, t([-1.2, 0.8, 1.5, -0.5, 3.0]), rtol=0, atol=1e-12)  # capped at -c*A
+        dual.sum().backward()
+        torch.testing.assert_close(logp.grad, t([0.0, 0.0, 1.5, -0.5, 0.0]), rtol=0, atol=1e-12)
+
+    def test_dual_clip_changes_only_negative_advantages_with_ratio_above_c(self):
+        generator = torch.Generator().manual_seed(9)
+        logp = torch.randn(500, generator=generator, dtype=DTYPE) * 1.5
+        old = torch.zeros(500, dtype=DTYPE)
+        adv = torch.randn(500, generator=generator, dtype=DTYPE)
+        plain, dual = clipped_policy_loss(logp, old, adv), clipped_policy_loss(logp, old, adv, dual_clip=3.0)
+        changed = plain != dual
+        expected = (adv < 0) & (logp.exp() > 3.0)
+        self.assertTrue(bool(expected.any()))
+        self.assertTrue(torch.equal(changed, expected))
+        torch.testing.assert_close(dual[expected], -3.0 * adv[expected], rtol=0, atol=1e-12)
+
+    def test_clip_fraction_counts_exactly_the_zeroed_gradients(self):
+        generator = torch.Generator().manual_seed(4)
+        logp = (torch.randn(300, generator=generator, dtype=DTYPE) * 0.4).requires_grad_()
+        adv = torch.randn(300, generator=generator, dtype=DTYPE)
+        for kwargs in ({}, {"epsilon_high": 0.28}, {"dual_clip": 1.3}):
+            with self.subTest(**kwargs):
+                logp.grad = None
+                clipped_policy_loss(logp, torch.zeros(300, dtype=DTYPE), adv, **kwargs).sum().backward()
+                zeroed = (logp.grad == 0).double().mean()
+                self.assertEqual(clip_fraction(logp.detach().exp(), adv, **kwargs).item(), zeroed.item())
+                self.assertGreater(zeroed.item(), 0.0)
+
+    def test_grpo_loss_passes_clip_higher_and_dual_clip_through(self):
+        logp = t([[math.log(1.25), math.log(4.0)]])
+        zeros = torch.zeros(1, 2, dtype=DTYPE)
+        for adv, kwargs, expected in ((1.0, {}, -1.2), (1.0, {"epsilon_high": 0.28}, -1.25),
+                                      (-1.0, {}, 4.0), (-1.0, {"dual_clip": 3.0}, 3.0)):
+            with self.subTest(advantage=adv, **kwargs):
+                mask = torch.tensor([[1, 0]]) if adv > 0 else torch.tensor([[0, 1]])
+                loss = grpo_policy_loss(logp, zeros, logp, t([adv]), mask, beta=0.0, **kwargs)
+                self.assertAlmostEqual(loss.item(), expected, places=12)
+
+
+class AdvantageVariants(unittest.TestCase):
+    def test_rloo_is_the_leave_one_out_baseline_and_a_scaled_centred_reward(self):
+        generator = torch.Generator().manual_seed(2)
+        rewards = torch.randint(0, 3, (6, 5), generator=generator).to(DTYPE) / 2
+        rewards[0] = 0.3  # a constant row: exact zeros
+        advantages = rloo_advantages(rewards)
+        for b in range(6):
+            row = rewards[b].tolist()
+            for i in range(5):
+                others = [value for j, value in enumerate(row) if j != i]
+                expected = 0.0 if len(set(row)) == 1 else row[i] - sum(others) / 4
+                self.assertAlmostEqual(advantages[b, i].item(), expected, places=14)
+        self.assertEqual(advantages[0].tolist(), [0.0] * 5)
+        torch.testing.assert_close(advantages, 5 / 4 * group_advantages(rewards, scale="none"), rtol=0, atol=1e-14)
+        self.assertEqual(rloo_advantages(t([[1.0, 0.0]])).tolist(), [[1.0, -1.0]])
+
+    def test_std_scaling_group_batch_none_against_a_loop(self):
+        rewards = t([[0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+        flat = rewards.flatten().tolist()
+        batch_mean = sum(flat) / len(flat)
+        batch_std = math.sqrt(sum((value - batch_mean) ** 2 for value in flat) / len(flat))
+        for scale in ("group", "batch", "none"):
+            result = group_advantages(rewards, scale=scale)
+            for b, row in enumerate(rewards.tolist()):
+                mean = sum(row) / 4
+                std = math.sqrt(sum((value - mean) ** 2 for value in row) / 4)
+                divisor = {"group": std + 1e-8, "batch": batch_std + 1e-8, "none": 1.0}[scale]
+                for g in range(4):
+                    self.assertAlmostEqual(result[b, g].item(), (row[g] - mean) / divisor, places=12, msg=scale)
+            self.assertEqual(result[2].tolist(), [0.0] * 4)  # the constant row stays exactly 0
+        self.assertTrue(torch.equal(group_advantages(rewards), group_advantages(rewards, scale="group")))
+        flat_form = group_relative_advantages(rewards.flatten(), 4, scale="none")
+        self.assertTrue(torch.equal(flat_form, group_advantages(rewards, 1e-4, "none").flatten()))
+
+
+class KLEstimators(unittest.TestCase):
+    """On a small categorical, everything is exact by enumeration (arXiv 2506.09477)."""
+
+    def setUp(self):
+        self.logits = t([0.7, -0.2, 0.1, -1.0])
+        self.ref_logp = F.log_softmax(t([-0.3, 0.4, 0.0, 0.2]), dim=-1)
+
+    def test_k3_is_the_lessons_token_kl_penalty(self):
+        self.assertIs(rl_lab.kl_k3, token_kl_penalty)
+        self.assertEqual(kl_k1(t([-1.0]), t([-2.5])).item(), 1.5)
+        self.assertEqual(kl_k2(t([-1.0]), t([-2.5])).item(), 1.125)
+
+    def test_values_under_the_policy_k1_and_k3_unbiased_k2_not(self):
+        logp = F.log_softmax(self.logits, dim=-1)
+        probs = logp.exp()
+        exact = (probs * (logp - self.ref_logp)).sum().item()
+        means = {name: (probs * fn(logp, self.ref_logp)).sum().item() for name, fn in rl_lab.KL_ESTIMATORS.items()}
+        self.assertAlmostEqual(means["k1"], exact, places=14)
+        self.assertAlmostEqual(means["k3"], exact, places=14)
+        self.assertGreater(abs(means["k2"] - exact), 1e-3)
+        self.assertTrue(bool((kl_k1(logp, self.ref_logp) < 0).any()))  # k1 goes negative per token
+        self.assertTrue(bool((token_kl_penalty(logp, self.ref_logp) >= 0).all()))
+
+    def test_expected_gradients_k1_zero_k2_forward_kl_k3_reverse_kl(self):
+        for near in (False, True):
+            with self.subTest(near=near):
+                logits = self.logits * (0.1 if near else 1.0)
+                self.assertLess(enumerate_gradient(kl_k1, logits, self.ref_logp).abs().max().item(), 1e-15)
+                torch.testing.assert_close(enumerate_gradient(kl_k2, logits, self.ref_logp),
+                                           exact_kl_gradient(logits, self.ref_logp, forward=True), rtol=0, atol=1e-14)
+                torch.testing.assert_close(enumerate_gradient(token_kl_penalty, logits, self.ref_logp),
+                                           exact_kl_gradient(logits, self.ref_logp, forward=False), rtol=0, atol=1e-14)
+                # and the two directions differ here, so the identities say something
+                difference = exact_kl_gradient(logits, self.ref_logp) - exact_kl_gradient(logits, self.ref_logp, False)
+                self.assertGreater(difference.abs().max().item(), 1e-4)
+
+
+class SequenceLevelLosses(unittest.TestCase):
+    def test_gspo_ratio_is_the_geometric_mean_and_1_before_the_update(self):
+        logps = t([[math.log(1.2), math.log(0.9), 5.0], [math.log(2.0), 0.0, 0.0]])
+        mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        ratios = rl_lab.sequence_log_ratio(logps, torch.zeros_like(logps), mask).exp()
+        torch.testing.assert_close(ratios, t([math.sqrt(1.2 * 0.9), 2.0]), rtol=0, atol=1e-14)
+        same = rl_lab.sequence_log_ratio(logps, logps.clone(), mask).exp()
+        self.assertEqual(same.tolist(), [1.0, 1.0])
+
+    def test_gspo_loss_against_a_loop_with_its_tiny_default_range(self):
+        generator = torch.Generator().manual_seed(11)
+        policy = torch.randn(4, 3, generator=generator, dtype=DTYPE) * 1e-3
+        old, ref = torch.zeros(4, 3, dtype=DTYPE), torch.randn(4, 3, generator=generator, dtype=DTYPE) * 0.1
+        mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+        adv = t([1.0, -1.0, 0.5, -0.5])
+        loss = gspo_policy_loss(policy, old, ref, adv, mask, beta=0.1)
+        expected = 0.0
+        for i in range(4):
+            kept = [j for j in range(3) if mask[i, j]]
+            s = math.exp(sum(policy[i, j].item() for j in kept) / len(kept))
+            a = adv[i].item()
+            surrogate = min(s * a, min(max(s, 1 - 3e-4), 1 + 4e-4) * a)
+            k3 = sum(math.exp(ref[i, j].item() - policy[i, j].item()) - (ref[i, j].item() - policy[i, j].item()) - 1
+                     for j in kept) / len(kept)
+            expected += (-surrogate + 0.1 * k3) / 4
+        self.assertAlmostEqual(loss.item(), expected, places=13)
+
+    def test_sapo_gradient_at_ratio_1_equals_grpo_and_fades_away_from_it(self):
+        mask = torch.ones(2, 2)
+        adv = t([1.0, -2.0])
+        grads = {}
+        for name, fn in (("grpo", grpo_policy_loss), ("sapo", sapo_policy_loss)):
+            logp = t([[-0.5, -1.0], [-0.7, -0.2]], requires_grad=True)
+            fn(logp, logp.detach().clone(), logp.detach().clone(), adv, mask, beta=0.0).backward()
+            grads[name] = logp.grad
+        torch.testing.assert_close(grads["sapo"], grads["grpo"], rtol=0, atol=1e-15)
+        far = t([[math.log(3.0)]], requires_grad=True)
+        sapo_policy_loss(far, t([[0.0]]), t([[0.0]]), t([1.0]), torch.ones(1, 1), beta=0.0).backward()
+        gate_slope = 4 * torch.sigmoid(t([2.0])) * (1 - torch.sigmoid(t([2.0])))  # d gate / d r at r = 3, tau 1
+        self.assertAlmostEqual(far.grad.item(), -(gate_slope * 3.0).item(), places=12)  # d/dlogp = slope * r
+        self.assertLess(abs(far.grad.item()), 3.0)  # GRPO without a clip would give -3
+
+
+class Corrections(unittest.TestCase):
+    def test_truncated_importance_weights_hand_values_and_no_gradient(self):
+        old = t([-1.0, -1.0, -1.0, -1.0], requires_grad=True)
+        rollout = t([-1.0, -1.0 + math.log(2.0), -1.0 - math.log(1.5), -1.0 - math.log(4.0)])
+        weights = truncated_importance_weights(old, rollout, cap=2.0)
+        torch.testing.assert_close(weights, t([1.0, 0.5, 1.5, 2.0]), rtol=0, atol=1e-14)
+        self.assertFalse(weights.requires_grad)
+        self.assertEqual(truncated_importance_weights(rollout, rollout).tolist(), [1.0] * 4)
+
+    def test_importance_weights_correct_a_biased_gradient_in_expectation(self):
+        # tokens drawn from a sampler q while the trainer's policy is p: E_q[w A grad log p] = E_p[A grad log p]
+        logits = t([0.5, -0.5, 0.0])
+        sampler_logp = F.log_softmax(t([-0.5, 0.8, 0.2]), dim=-1)
+        advantages = t([1.0, -0.5, 0.25])
+        gradients = {}
+        for name, distribution in (("target", "p"), ("biased", "q"), ("corrected", "q")):
+            table = logits.clone().requires_grad_(True)
+            logp = F.log_softmax(table, dim=-1)
+            weights = logp.exp().detach() if distribution == "p" else sampler_logp.exp()
+            if name == "corrected":
+                weights = weights * truncated_importance_weights(logp.detach(), sampler_logp, cap=1e6)
+            (gradients[name],) = torch.autograd.grad((weights * advantages * logp).sum(), table)
+        torch.testing.assert_close(gradients["corrected"], gradients["target"], rtol=0, atol=1e-14)
+        self.assertGreater((gradients["biased"] - gradients["target"]).abs().max().item(), 1e-2)
+
+    def test_overlong_penalty_is_dapo_eq_13(self):
+        lengths = torch.tensor([0, 12, 13, 14, 16, 17])
+        expected = [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]  # max 16, cache 4: the ramp starts after 12
+        self.assertEqual(overlong_penalty(lengths, 16, 4).tolist(), expected)
+        self.assertEqual(overlong_penalty(torch.tensor([5]), 5, 5).tolist(), [-1.0])
+
+
+class DPOFamily(unittest.TestCase):
+    def setUp(self):
+        self.zero = t([0.0])
+
+    def loss(self, fn, margin, **kwargs):
+        return fn(t([margin]), self.zero, self.zero, self.zero, **kwargs).item()
+
+    def test_ipo_is_zero_exactly_at_margin_half_over_beta(self):
+        self.assertEqual(self.loss(rl_lab.ipo_loss, 5.0, beta=0.1), 0.0)
+        self.assertAlmostEqual(self.loss(rl_lab.ipo_loss, 0.0, beta=0.1), 25.0, places=12)
+        self.assertAlmostEqual(self.loss(rl_lab.ipo_loss, 7.0, beta=0.1), 4.0, places=12)  # it pulls back too
+
+    def test_hinge_is_zero_beyond_margin_one_over_beta(self):
+        self.assertEqual(self.loss(rl_lab.dpo_hinge_loss, 10.0, beta=0.1), 0.0)
+        self.assertEqual(self.loss(rl_lab.dpo_hinge_loss, 25.0, beta=0.1), 0.0)
+        self.assertAlmostEqual(self.loss(rl_lab.dpo_hinge_loss, 4.0, beta=0.1), 0.6, places=12)
+
+    def test_label_smoothing_zero_is_dpo_and_robust_dpo_is_unbiased_under_flips(self):
+        for margin in (-2.0, 0.0, 0.7, 3.0):
+            dpo = self.loss(dpo_loss, margin, beta=0.1)
+            self.assertEqual(self.loss(rl_lab.cdpo_loss, margin, beta=0.1), dpo)
+            self.assertEqual(self.loss(rl_lab.robust_dpo_loss, margin, beta=0.1), dpo)
+            e = 0.2
+            expectation = (1 - e) * self.loss(rl_lab.robust_dpo_loss, margin, beta=0.1, label_smoothing=e) + (
+                e * self.loss(rl_lab.robust_dpo_loss, -margin, beta=0.1, label_smoothing=e))
+            self.assertAlmostEqual(expectation, dpo, places=13)  # the flips average out exactly
+            sigmoid = 1 / (1 + math.exp(-0.1 * margin))
+            self.assertAlmostEqual(self.loss(rl_lab.cdpo_loss, margin, beta=0.1, label_smoothing=e),
+                                   -(1 - e) * math.log(sigmoid) - e * math.log(1 - sigmoid), places=13)
+
+    def test_simpo_has_no_reference_and_a_margin(self):
+        self.assertAlmostEqual(rl_lab.simpo_loss(t([-1.0]), t([-2.0]), beta=2.0, gamma=0.5).item(),
+                               math.log1p(math.exp(-1.5)), places=14)
+        self.assertAlmostEqual(rl_lab.simpo_loss(t([-1.0]), t([-1.0]), beta=2.0, gamma=0.0).item(),
+                               math.log(2.0), places=14)
+
+    def test_new_atoms_name_the_offending_argument(self):
+        x, m = t([-1.0, -2.0]), t([[-1.0, -2.0]])
+        ones = torch.ones(1, 2)
+        cases = [
+            ("epsilon_high", lambda: clipped_policy_loss(x, x, x, 0.2, -0.1)),
+            ("dual_clip", lambda: clipped_policy_loss(x, x, x, 0.2, None, 1.0)),
+            ("scale", lambda: group_advantages(m, scale="std")),
+            ("rewards", lambda: rloo_advantages(t([[1.0]]))),
+            ("policy_logps", lambda: kl_k2(t([float("nan")]), t([0.0]))),
+            ("tau_neg", lambda: sapo_policy_loss(m, m, m, t([1.0]), ones, tau_neg=0.0)),
+            ("kl_estimator", lambda: grpo_policy_loss(m, m, m, t([1.0]), ones, kl_estimator=len)),
+            ("importance_weights", lambda: grpo_policy_loss(m, m, m, t([1.0]), ones, importance_weights=m)),
+            ("cap", lambda: truncated_importance_weights(x, x, cap=0.5)),
+            ("cache", lambda: overlong_penalty(torch.tensor([3]), 4, 5)),
+            ("lengths", lambda: overlong_penalty(torch.tensor([-1]), 4, 2)),
+            ("label_smoothing", lambda: rl_lab.cdpo_loss(x, x, x, x, label_smoothing=0.5)),
+            ("gamma", lambda: rl_lab.simpo_loss(x, x, gamma=-1.0)),
+            ("beta", lambda: rl_lab.ipo_loss(x, x, x, x, beta=0.0)),
+        ]
+        for name, call in cases:
+            with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                call()
+            self.assertTrue(str(caught.exception).startswith(name), caught.exception)
 
 
 # ---------------------------------------------------------------------------------------------
