@@ -1,0 +1,115 @@
+"""Benchmark the drivers: whole-process wall time, the fixed start-up, the training loop alone, tokens/s.
+
+    python bench.py                 # 3 runs of each figure, medians, with the machine named
+    python bench.py --runs 7        # more runs on a noisy machine
+
+It prints (and writes nothing), per driver: the wall time of the whole default command in a fresh
+process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which
+imports torch._dynamo); the training loop alone, in this process after that start-up; and, for the
+online driver, the sampled tokens per second. Timings are machine-dependent and noisy: compare medians
+of the same script on the same machine, never against a number measured elsewhere.
+"""
+
+from __future__ import annotations
+
+from lab_io import exit_quietly_on_signals
+
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    exit_quietly_on_signals()
+
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+import online_tokens  # noqa: E402
+import ppo_chain  # noqa: E402
+import rl_lab  # noqa: E402
+import token_objectives  # noqa: E402
+from lab_io import OneLineErrorParser, int_flag, run_cli  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STARTUP = "import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])"
+COMMANDS = {  # driver -> (default command, the training loop alone in-process)
+    "rl_lab.py (4 bandit trainings)": (["rl_lab.py"], lambda: [rl_lab.train(name) for name in rl_lab.ALGORITHMS]),
+    "ppo_chain.py": (["ppo_chain.py"], lambda: ppo_chain.train()),
+    "token_objectives.py": (["token_objectives.py"], lambda: token_objectives.run()),
+    "online_tokens.py (grpo)": (["online_tokens.py"], lambda: online_tokens.train()),
+    "online_tokens.py --algorithm all": (["online_tokens.py", "--algorithm", "all"],
+                                         lambda: [online_tokens.train(algorithm=name)
+                                                  for name in online_tokens.FOUR_ALGORITHMS]),
+}
+
+
+def machine():
+    """CPU model, cores, Python and torch versions: the line every quoted time needs."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{platform.system()} {platform.machine()}")
+
+
+def timed_process(argv, runs, folder):
+    """Median and min wall seconds of `python argv...` in fresh processes (output into `folder`)."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, *argv], cwd=folder, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), min(times)
+
+
+def timed_call(function, runs):
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), min(times)
+
+
+def build_parser():
+    parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
+                                "training loop, tokens/s. Prints only.")
+    parser.add_argument("--runs", type=int_flag(1, 50), default=3,
+                        help="runs of each figure, integer in [1, 50]; the median is shown (default: 3)")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    lines = [f"machine: {machine()}", f"runs per figure: {args.runs} (median, min in brackets)", ""]
+    torch.set_num_threads(1)  # as the drivers train
+    with tempfile.TemporaryDirectory() as folder:
+        startup = timed_process(["-c", STARTUP], args.runs, folder)
+        lines.append(f"fixed start-up (import torch + first optimizer): {startup[0]:.2f} s [{startup[1]:.2f}]")
+        rl_lab.train("dpo", steps=1)  # this process's own start-up, outside every clock below
+        lines.append(f"{'driver':34s} {'whole process':>15s} {'training loop':>15s}")
+        for name, (command, loop) in COMMANDS.items():
+            whole = timed_process([os.path.join(HERE, command[0]), *command[1:]], args.runs, folder)
+            alone = timed_call(loop, args.runs)
+            lines.append(f"{name:34s} {whole[0]:8.2f} s [{whole[1]:.2f}] {alone[0]:8.3f} s [{alone[1]:.3f}]")
+    rows = online_tokens.train()[0]
+    loop = timed_call(online_tokens.train, args.runs)
+    tokens = rows[-1]["total_tokens_sampled"]
+    lines += ["", f"online_tokens.py (grpo, 60 iterations of 8 x 8): {tokens} tokens sampled, "
+                  f"{tokens / loop[0]:,.0f} tokens/s (sampling, scoring and updates)"]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
