@@ -1,14 +1,21 @@
 """Redraw the lab's figures from its CSV/JSON outputs (reads files only; never imports torch).
 
     python plot_results.py --input results --output results/training-curves.svg
-    python plot_results.py --input results-chain --output results-chain/ppo-chain.svg
+    python plot_results.py --input results-chain results-chain-lambda0 --output chain.png     # one line per folder
     python plot_results.py --input results-tokens.json --output results-tokens.svg
     python plot_results.py --input results-online-grpo-sequence results-online-cispo-sequence --output online.png
+    python plot_results.py --input results-online-all --output online-all.png              # four algorithms, one budget
 
-The kind of input is detected from the files present: a folder with ppo/dpo/grpo/cispo.csv
-(bandit, any subset), a folder with ppo-chain.csv (two-step chain), a token report JSON
-(token_objectives.py), or one or more folders with online.csv (online GRPO/CISPO). The format
-follows the --output extension: .svg (deterministic bytes) or .png.
+The kind of input is detected from the files present (FOLDER_MARKERS): a folder with comparison.csv
+(online_tokens.py --algorithm all: one online.csv per algorithm subfolder), a folder with online.csv
+(one online run), a folder with ppo-chain.csv (two-step chain), a folder with any of
+ppo/dpo/grpo/cispo.csv (bandit), or a token report .json (token_objectives.py). Several folders of
+one kind are overlaid, one line per run, each labelled by the settings in which it differs from the
+others (read from the run's JSON); inputs of different kinds are refused. The format follows the
+--output extension: .svg (deterministic bytes) or .png.
+
+A new kind is one function `plot_<kind>(inputs) -> Figure` (inputs: the list of paths) registered in
+PLOTTERS, plus the file that marks its folders in FOLDER_MARKERS.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ if __name__ == "__main__":  # first: a Ctrl-C while matplotlib loads below ends 
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import csv  # noqa: E402
+import dataclasses  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -27,6 +36,7 @@ import math  # noqa: E402
 import os  # noqa: E402
 import stat  # noqa: E402
 import sys  # noqa: E402
+import textwrap  # noqa: E402
 import warnings  # noqa: E402
 
 from lab_io import OneLineErrorParser, one_line, output_file_problem, run_cli, write_files  # noqa: E402
@@ -41,16 +51,36 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")  # files only, no screen needed
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402  (installed with matplotlib)
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator  # noqa: E402
 
 _matplotlib_log.setLevel(_previous_level)
 
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
-COLORS = {"ppo": "#1f77b4", "dpo": "#d62728", "grpo": "#2ca02c", "cispo": "#9467bd"}
-INITIAL_EXPECTED_REWARD = (1.0 + 0.2 - 0.5) / 3
+ONLINE_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo", "gspo", "sapo")  # online_tokens.ALGORITHMS, in figure order
+# one colour per algorithm in every figure; runs of one algorithm get shades of it and their own dashes
+COLORS = {"ppo": "#1f77b4", "dpo": "#d62728", "grpo": "#2ca02c", "cispo": "#9467bd", "gspo": "#ff7f0e",
+          "sapo": "#8c564b"}
+OTHER_COLORS = ("#7f7f7f", "#17becf", "#bcbd22", "#e377c2")  # an algorithm this list does not know yet
+DASHES = ("-", "--", ":", "-.")
+# rl_lab.reward_table(): the bandit's rewards R(x, a), used when a run's JSON does not give its own table
+BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]]
+INITIAL_EXPECTED_REWARD = (1.0 + 0.2 - 0.5) / 3  # the uniform policy on that table
 CHAIN_INITIAL_RETURN = 0.3
+TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
 FORMATS = (".svg", ".png")
 MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
+# Settings that online_tokens.config resolves per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
+# 5.0 for cispo, ...): between two algorithms their difference is the algorithm's, so they label a run only
+# when runs of the same algorithm differ in them.
+RESOLVED_PER_ALGORITHM = ("epsilon", "epsilon_high", "dpo_beta", "sequence_logp")
+LONGEST_LABEL_VALUE = 24  # a longer setting value is a sentence describing other settings, not a label
+# sizes in points, chosen to read at 100% zoom (the figures are saved at 120 dpi)
+STYLE = {"font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
+         "ytick.labelsize": 9.5, "legend.fontsize": 9.5, "figure.titlesize": 12.5, "lines.linewidth": 1.7}
+VALUE_FONT_SIZE = 10  # the numbers written on bars
 
 
 class PlotInputError(Exception):
@@ -126,22 +156,37 @@ def read_json(path):
         raise PlotInputError(f"{path}: not valid JSON ({type(error).__name__})") from None
 
 
+def read_settings(path):
+    """The "settings" object of a run's JSON, or {} when the file is absent or holds none (the labels
+    then fall back to the folder). A file that exists but is not valid JSON is an error."""
+    if not os.path.lexists(path):
+        return {}
+    report = read_json(path)
+    settings = report.get("settings") if isinstance(report, dict) else None
+    return settings if isinstance(settings, dict) else {}
+
+
+# Which kind a folder holds: the first kind whose marker file it contains.
+FOLDER_MARKERS = (
+    ("experiment", ("summary.csv",)),
+    ("online-all", ("comparison.csv",)),
+    ("online", ("online.csv",)),
+    ("chain", ("ppo-chain.csv",)),
+    ("bandit", tuple(f"{algorithm}.csv" for algorithm in BANDIT_ALGORITHMS)),
+    ("tokens", ("results-tokens.json",)),
+)
+
+
 def detect_kind(path):
-    """Return 'bandit', 'chain', 'tokens' or 'online' for an input path, or raise PlotInputError."""
+    """Return the kind of an input path (a key of PLOTTERS: 'online-all', 'online', 'chain', 'bandit' or
+    'tokens'), or raise PlotInputError."""
     if os.path.isdir(path):
         names = set(os.listdir(path))
-        if "online.csv" in names:
-            return "online"
-        if "ppo-chain.csv" in names:
-            return "chain"
-        if any(f"{algorithm}.csv" in names for algorithm in BANDIT_ALGORITHMS):
-            return "bandit"
-        if "results-tokens.json" in names:
-            return "tokens"
-        raise PlotInputError(
-            f"{path}: no lab output found (expected ppo/dpo/grpo/cispo.csv, ppo-chain.csv, online.csv "
-            "or results-tokens.json)"
-        )
+        for kind, markers in FOLDER_MARKERS:
+            if names.intersection(markers):
+                return kind
+        expected = ", ".join(marker for _, markers in FOLDER_MARKERS for marker in markers)
+        raise PlotInputError(f"{path}: no lab output found (expected one of {expected})")
     if os.path.isfile(path) and path.endswith(".json"):
         return "tokens"
     if not os.path.exists(path):
@@ -150,70 +195,345 @@ def detect_kind(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Figures
+# Runs and their labels: one line of a figure per run
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Run:
+    """One training run: where it came from, its algorithm (colour and label), its CSV columns as lists
+    of floats, and its JSON settings ({} when there is no JSON)."""
+
+    source: str
+    algorithm: str
+    series: dict
+    settings: dict
+
+
+def _is_number(value):
+    """A finite int or float from a JSON file (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _label_value(value):
+    """A setting's value as label text, or None when it cannot label a run (a list, a table, a sentence)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str) and value and len(value) <= LONGEST_LABEL_VALUE and not any(c.isspace() for c in value):
+        return value.replace("$", r"\$")  # a '$' would start matplotlib's math text
+    return None
+
+
+_ABSENT = object()  # a setting missing from a run's JSON where runs of the same algorithm have it
+
+
+def _most_common(values, at_least):
+    """The value more runs share than any other, if at least `at_least` share it; else None."""
+    counts = collections.Counter(values).most_common()
+    if counts[0][1] >= at_least and (len(counts) == 1 or counts[0][1] > counts[1][1]):
+        return counts[0][0]
+    return None
+
+
+def setting_differences(settings_list, per_algorithm=RESOLVED_PER_ALGORITHM):
+    """For each run's settings, the text 'key=value, ...' of the settings in which it differs from the others.
+
+    A setting counts only among the runs that have it (a setting that does not apply to an algorithm is
+    absent from its JSON). A run leaves a setting out when its value is the one most of those runs share
+    and also the one most runs of its own algorithm share: of six runs, one with reduction=token gives
+    'reduction=token' for that one and nothing for the others; GRPO runs with group sizes 2, 4, 8 and 16
+    each name their size even if a CISPO run also uses 8. Without such a majority (two runs, or every
+    value different) each run names its value. Keys in `per_algorithm` are compared only among runs of
+    the same algorithm. The key "algorithm" itself is left to the caller. Order: the keys' order in the JSON.
+    """
+    keys = list(dict.fromkeys(key for settings in settings_list for key in settings if key != "algorithm"))
+    parts = [[] for _ in settings_list]
+    for key in keys:
+        # a run of an algorithm whose other runs have the key lacks it only because its JSON is older: that
+        # absence is a value of its own (compared, never printed); for another algorithm it does not apply
+        having = {settings.get("algorithm") for settings in settings_list if key in settings}
+        scopes = collections.defaultdict(list)  # runs compared with each other: all, or one algorithm's
+        for index, settings in enumerate(settings_list):
+            if key in settings:
+                value = _label_value(settings[key])
+            else:
+                value = _ABSENT if settings.get("algorithm") in having else None
+            if value is not None:
+                algorithm = (settings.get("algorithm"), settings.get("dpo_loss"))
+                scopes[algorithm if key in per_algorithm else None].append((index, algorithm, value))
+        for members in scopes.values():
+            if len({value for _, _, value in members}) < 2:
+                continue
+            shared = _most_common([value for _, _, value in members], at_least=2)
+            within = {algorithm: _most_common([v for _, a, v in members if a == algorithm], at_least=1)
+                      for _, algorithm, _ in members}
+            for index, algorithm, value in members:
+                if value is not _ABSENT and (shared is None or value != shared or within[algorithm] != shared):
+                    parts[index].append(f"{key}={value}")
+    return [", ".join(texts) for texts in parts]
+
+
+def run_labels(runs, algorithm_in_label="when different"):
+    """A legend label per run: the algorithm (always, "when different" between runs or when nothing
+    else tells the run apart, or "never"), then the settings in which the run differs from the others.
+    Runs whose labels would still coincide (no JSON, the same settings) get their folder appended."""
+    differences = setting_differences([run.settings for run in runs])
+    several_algorithms = len({run.algorithm for run in runs}) > 1
+    labels = []
+    for run, difference in zip(runs, differences):
+        name = run.algorithm.upper()
+        show = {"always": True, "never": False}.get(algorithm_in_label, several_algorithms or not difference)
+        labels.append(", ".join(part for part in (name if show else "", difference) if part)
+                      or os.path.normpath(run.source))
+    counts = collections.Counter(labels)
+    return [f"{label} ({os.path.normpath(run.source)})" if counts[label] > 1 else label
+            for label, run in zip(labels, runs)]
+
+
+def _shade(color, amount):
+    """`color` mixed toward black (amount < 0) or white (amount > 0) by |amount| in [0, 1]."""
+    rgb = np.array(to_rgb(color))
+    target = np.ones(3) if amount > 0 else np.zeros(3)
+    return tuple(float(c) for c in rgb + (target - rgb) * abs(amount))
+
+
+def run_styles(runs):
+    """Colour and dashes per run: the algorithm's colour (COLORS); several runs of one algorithm get
+    shades of it, dark to light, and their own dash pattern, so that they stay apart in grey too."""
+    by_algorithm = collections.defaultdict(list)
+    for index, run in enumerate(runs):
+        by_algorithm[run.algorithm].append(index)
+    unknown = [algorithm for algorithm in by_algorithm if algorithm not in COLORS]
+    styles = [None] * len(runs)
+    for algorithm, indices in by_algorithm.items():
+        base = COLORS.get(algorithm) or OTHER_COLORS[unknown.index(algorithm) % len(OTHER_COLORS)]
+        amounts = np.linspace(-0.4, 0.3, len(indices)) if len(indices) > 1 else [0.0]
+        for rank, (index, amount) in enumerate(zip(indices, amounts)):
+            dashes = DASHES[rank % len(DASHES)]
+            styles[index] = {"color": _shade(base, amount), "linestyle": dashes,
+                             "linewidth": STYLE["lines.linewidth"] + (0.4 if dashes != "-" else 0.0)}
+    return styles
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing helpers shared by the figures
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_list(inputs):
+    return [inputs] if isinstance(inputs, str) else list(inputs)
+
+
+def _new_figure(rows, columns, width, height):
+    """A figure with its own Agg canvas (no pyplot state) and a rows x columns grid of axes."""
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    return figure, list(axes.flat)
+
+
 def _finish(axis, title, ylabel, xlabel="outer iteration (step)"):
-    axis.set_title(title, fontsize=10)
+    axis.set_title(title)
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
     axis.grid(True, alpha=0.3)
 
 
-def plot_bandit(folder):
-    runs = {}
+def _plot_runs(axis, runs, styles, labels, x_column, column, from_step=0):
+    """One line per run of `column` against `x_column`, for the rows with step >= from_step (1 skips the
+    initial evaluation, where the sampled-batch and loss columns hold a placeholder 0)."""
+    for run, style, label in zip(runs, styles, labels):
+        keep = np.asarray(run.series["step"]) >= from_step
+        axis.plot(np.asarray(run.series[x_column])[keep], np.asarray(run.series[column])[keep], label=label,
+                  **style)
+
+
+def mark_references(axis, references):
+    """Draw horizontal reference lines [(value, text), ...] and label them on the right edge of `axis`,
+    outside the data area, where no curve can cross the text. Equal values are marked once."""
+    shown = {}
+    for value, text in references:
+        shown.setdefault(round(float(value), 12), (float(value), text))
+    for value, _ in shown.values():
+        axis.axhline(value, color="0.35", linestyle=(0, (2, 2)), linewidth=1.0, zorder=1)
+    if shown:
+        right = axis.secondary_yaxis("right")
+        right.set_yticks([value for value, _ in shown.values()], labels=[text for _, text in shown.values()])
+        right.tick_params(axis="y", length=3, colors="0.25", labelsize=9)
+    return list(shown.values())
+
+
+def _legend_below(figure, axis):
+    """The runs' legend in one block below every panel (matplotlib's 'outside' placement reserves its
+    room in the layout), so it never covers a curve, however many runs there are."""
+    handles, labels = axis.get_legend_handles_labels()
+    if not handles:
+        return None
+    # as many columns as fit the figure's width at the legend's font size (about 0.55 em per character);
+    # a label longer than the figure is wide is wrapped after a comma
+    character_points = 0.55 * STYLE["legend.fontsize"]
+    width_points = figure.get_figwidth() * 72 * 0.95
+    labels = [textwrap.fill(label, max(20, int(width_points / character_points) - 12), break_on_hyphens=False)
+              for label in labels]
+    longest = max(len(line) for label in labels for line in label.splitlines())
+    columns = max(1, min(len(labels), int(width_points // (longest * character_points + 50)), 4))
+    # matplotlib fills a legend column by column; this order makes it read row by row, in the runs' order
+    rows = -(-len(labels) // columns)
+    order = [row * columns + column for column in range(columns) for row in range(rows)
+             if row * columns + column < len(labels)]
+    return figure.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
+                         ncol=columns, frameon=False)
+
+
+def _fixed(value, digits, sign=False):
+    """`value` with `digits` decimals (and its sign when `sign`), without a '-0.000000' for a value that
+    rounds to zero."""
+    text = f"{value:{'+' if sign else ''}.{digits}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
+
+
+def _bar_values(axis, bars, values, digits):
+    """Write each bar's value on it, leave room for the numbers, and draw each bar's top as a thick line in
+    its colour, so that a bar of height 0 (a loss of exactly 0) is seen, not missing."""
+    for bar, value in zip(bars, values):
+        axis.hlines(value, bar.get_x(), bar.get_x() + bar.get_width(), colors=[bar.get_edgecolor()], linewidth=3,
+                    zorder=3)
+    axis.bar_label(bars, labels=[_fixed(value, digits) for value in values], fontsize=VALUE_FONT_SIZE, padding=3)
+    low, high = min(0.0, *values), max(0.0, *values)
+    span = (high - low) or 1.0
+    # room for the numbers above (and below) the bars, and for the thick top of a bar of height 0
+    axis.set_ylim(low - (0.2 if low < 0 else 0.03) * span, high + 0.2 * span)
+    axis.axhline(0.0, color="black", linewidth=0.8)
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures, one function per kind
+# ---------------------------------------------------------------------------------------------
+
+
+BANDIT_COLUMNS = ["step", "expected_reward", "best_action_probability", "kl_reference", "loss"]
+
+
+def load_bandit_runs(folders):
+    """One Run per algorithm CSV of each folder, grouped by algorithm (PPO, DPO, GRPO, CISPO), then folder."""
+    runs = []
     for algorithm in BANDIT_ALGORITHMS:
-        path = os.path.join(folder, f"{algorithm}.csv")
-        if os.path.exists(path):
-            runs[algorithm] = read_csv(
-                path, ["step", "expected_reward", "best_action_probability", "kl_reference", "loss"]
-            )
-    figure, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+        for folder in _as_list(folders):
+            path = os.path.join(folder, f"{algorithm}.csv")
+            if os.path.exists(path):
+                series = read_csv(path, BANDIT_COLUMNS)
+                runs.append(Run(folder, algorithm, series, read_settings(os.path.join(folder, f"{algorithm}.json"))))
+    return runs
+
+
+def reward_table_of(settings):
+    """The (X, A) reward table a bandit run used, from its settings ("reward_table": the rewards after any
+    --reward-shift or --sparse-rewards), or BANDIT_REWARDS when the JSON is absent or holds none."""
+    table = settings.get("reward_table")
+    if not (isinstance(table, list) and table and isinstance(table[0], list) and table[0]):
+        return BANDIT_REWARDS
+    if all(isinstance(row, list) and len(row) == len(table[0]) and all(map(_is_number, row)) for row in table):
+        return [[float(v) for v in row] for row in table]
+    return BANDIT_REWARDS
+
+
+def _bandit_references(runs):
+    """Reference lines of the bandit's panels from each run's reward table (contexts weigh equally, as in
+    rl_lab.evaluate): the optimum (best action everywhere), the uniform start and, once a run falls below
+    its start, the worst (worst action everywhere); probability 1/A at the start; ln A, the KL of a
+    deterministic policy from the uniform reference."""
+    reward, probability, kl = [], [], []
+    for run in runs:
+        table = reward_table_of(run.settings)
+        actions = len(table[0])
+        optimum = sum(max(row) for row in table) / len(table)
+        start = sum(sum(row) / actions for row in table) / len(table)
+        worst = sum(min(row) for row in table) / len(table)
+        reward += [(optimum, f"optimum {optimum:.4g}"), (start, f"uniform start {start:.3g}")]
+        if min(run.series["expected_reward"]) < start - 1e-12:
+            reward.append((worst, f"worst {worst:.4g}"))
+        probability += [(1.0, "always best 1"), (1 / actions, f"uniform start 1/{actions}")]
+        kl.append((math.log(actions), f"ln {actions} = {math.log(actions):.3f}:\ndeterministic"))
+    return reward, probability, kl
+
+
+def plot_bandit(folders):
+    """One-step bandit: exact reward, best-action probability, KL to the reference and the loss per outer
+    iteration; one line per algorithm of each folder."""
+    runs = load_bandit_runs(folders)
+    styles, labels = run_styles(runs), run_labels(runs, algorithm_in_label="always")
+    reward_references, probability_references, kl_references = _bandit_references(runs)
+    shapes = sorted({(len(table), len(table[0])) for table in (reward_table_of(run.settings) for run in runs)})
+    figure, axes = _new_figure(2, 2, 12, 8.6)
     panels = [
-        ("expected_reward", "Expected reward (exact)", "reward"),
-        ("best_action_probability", "Best-action probability", "probability"),
-        ("kl_reference", "KL(policy || reference), nats", "nats"),
-        ("loss", "Loss (each method its own objective)", "loss"),
+        ("expected_reward", 0, "Expected reward (exact): how close to the optimum", "expected reward",
+         reward_references),
+        ("best_action_probability", 0, "Best-action probability (mean over the contexts)", "probability",
+         probability_references),
+        ("kl_reference", 0, "KL(policy ‖ uniform reference), exact", "KL (nats)", kl_references),
+        ("loss", 1, "Loss: each method's own objective (compare shapes, not levels)",
+         "loss (the method's objective)", []),
     ]
-    for axis, (column, title, ylabel) in zip(axes.flat, panels):
-        for algorithm, series in runs.items():
-            steps = series["step"]
-            values = series[column]
-            if column == "loss":  # step 0 is a placeholder 0, not a measured loss
-                steps, values = steps[1:], values[1:]
-            axis.plot(steps, values, color=COLORS[algorithm], label=algorithm.upper(), linewidth=1.6)
+    for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
+        _plot_runs(axis, runs, styles, labels, "step", column, from_step)
+        mark_references(axis, references)
         _finish(axis, title, ylabel)
-    reward_axis = axes.flat[0]
-    reward_axis.axhline(1.0, color="black", linestyle="--", linewidth=0.9, label="optimum 1")
-    reward_axis.axhline(INITIAL_EXPECTED_REWARD, color="grey", linestyle=":", linewidth=0.9, label="uniform 0.2333")
-    axes.flat[1].axhline(1 / 3, color="grey", linestyle=":", linewidth=0.9)
-    axes.flat[2].axhline(math.log(3.0), color="black", linestyle="--", linewidth=0.9)
-    axes.flat[2].annotate("ln 3: a deterministic policy", (0, math.log(3.0)), xytext=(2, -10),
-                          textcoords="offset points", fontsize=7)
-    reward_axis.legend(loc="best", fontsize=8)
-    figure.suptitle(f"One-step bandit ({folder})", fontsize=11)
+    _legend_below(figure, axes[0])
+    shape = ", ".join(f"{contexts} contexts x {actions} actions" for contexts, actions in shapes)
+    figure.suptitle(f"One-step bandit ({shape}): exact evaluation after each outer iteration\n"
+                    "x is each method's own iteration, not equal data or compute")
     return figure
 
 
-def plot_chain(folder):
-    series = read_csv(
-        os.path.join(folder, "ppo-chain.csv"), ["step", "expected_return", "left_probability", "value_start"]
-    )
-    figure, axes = plt.subplots(1, 3, figsize=(12, 3.8), constrained_layout=True)
+def _step_ticks(last_step):
+    """0, 1, 2, 5, 10, 20, 50, ... up to `last_step`: readable ticks for a log step axis."""
+    ticks, decade = [0.0], 1.0
+    while decade <= last_step:
+        ticks.extend(t for t in (decade, 2 * decade, 5 * decade) if t <= last_step)
+        decade *= 10
+    return ticks
+
+
+CHAIN_COLUMNS = ["step", "expected_return", "left_probability", "value_start"]
+
+
+def plot_chain(folders):
+    """Two-step chain, PPO + GAE: exact return, p(left | start) and the critic's V(start); one line per folder."""
+    runs = [Run(folder, "ppo", read_csv(os.path.join(folder, "ppo-chain.csv"), CHAIN_COLUMNS),
+                read_settings(os.path.join(folder, "ppo-chain.json"))) for folder in _as_list(folders)]
+    styles, labels = run_styles(runs), run_labels(runs, algorithm_in_label="never")
+    figure, axes = _new_figure(1, 3, 14, 4.9)
     panels = [
-        ("expected_return", "Expected return J (exact)", "return"),
-        ("left_probability", "p(left | start): toward the reward", "probability"),
-        ("value_start", "Critic V(start)", "value"),
+        ("expected_return", "Expected return J (exact)", "return",
+         [(1.0, "optimum 1"), (CHAIN_INITIAL_RETURN, "uniform start 0.3")]),
+        ("left_probability", "p(left | start): the unrewarded first step", "probability",
+         [(1.0, "optimum 1"), (0.5, "start 0.5")]),
+        ("value_start", "Critic V(start): learns the optimal value 1", "value (return units)",
+         [(1.0, "optimal value 1"), (0.0, "start 0")]),
     ]
-    for axis, (column, title, ylabel) in zip(axes, panels):
-        axis.plot(series["step"], series[column], color=COLORS["ppo"], linewidth=1.6)
-        _finish(axis, title, ylabel)
-    axes[0].axhline(1.0, color="black", linestyle="--", linewidth=0.9, label="optimum 1")
-    axes[0].axhline(CHAIN_INITIAL_RETURN, color="grey", linestyle=":", linewidth=0.9, label="uniform 0.3")
-    axes[2].axhline(1.0, color="black", linestyle="--", linewidth=0.9)
-    axes[0].legend(loc="best", fontsize=8)
-    figure.suptitle(f"Two-step chain, PPO + GAE ({folder})", fontsize=11)
+    last_step = max(run.series["step"][-1] for run in runs)
+    for axis, (column, title, ylabel, references) in zip(axes, panels):
+        _plot_runs(axis, runs, styles, labels, "step", column)
+        mark_references(axis, references)
+        _finish(axis, title, ylabel, "outer iteration (log scale from 1)")
+        # the lambdas differ in the first ten iterations, and all end at the optimum: a log x shows both
+        axis.set_xscale("symlog", linthresh=1.0, linscale=0.5)
+        axis.set_xlim(0, max(last_step, 1) * 1.05)
+        axis.xaxis.set_major_locator(FixedLocator(_step_ticks(last_step)))
+        axis.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.xaxis.set_minor_locator(NullLocator())
+    if len(runs) > 1:
+        _legend_below(figure, axes[0])
+    lambdas = {_label_value(run.settings["gae_lambda"]) for run in runs if _is_number(run.settings.get("gae_lambda"))}
+    every_run = all("gae_lambda" in run.settings for run in runs)
+    shared = f" (gae_lambda={lambdas.pop()})" if len(lambdas) == 1 and every_run else ""
+    figure.suptitle(f"Two-step chain, PPO + GAE{shared}: the reward arrives one step after the choice that earns it")
     return figure
 
 
@@ -227,101 +547,392 @@ def _finite_number(path, where, value):
     return number
 
 
-def plot_tokens(path):
+def _before_after(axis, before, after, color):
+    """A loss before and after one step as two points joined by an arrow, on a y range fitted to the two
+    values so that the change fills the panel however small it is next to the loss itself (DPO's -0.025
+    beside its 0.69). Light and hatched = before, solid = after, both in the objective's colour."""
+    axis.annotate("", xy=(1, after), xytext=(0, before),
+                  arrowprops={"arrowstyle": "-|>", "color": color, "linewidth": 1.6, "shrinkA": 9, "shrinkB": 9,
+                              "mutation_scale": 16})
+    axis.scatter([0], [before], s=160, facecolor=_shade(color, 0.7), edgecolor=color, hatch="////", linewidth=1.4,
+                 zorder=3)
+    axis.scatter([1], [after], s=160, color=color, zorder=3)
+    for x, value, side in ((0, before, -1), (1, after, 1)):  # on white, so that the zero line does not cross them
+        axis.annotate(_fixed(value, 6), (x, value), xytext=(12 * side, 0), textcoords="offset points",
+                      ha="left" if side > 0 else "right", va="center", fontsize=VALUE_FONT_SIZE, zorder=4,
+                      bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.5})
+    low, high = min(before, after), max(before, after)
+    pad = 0.3 * ((high - low) or abs(high) or 1.0)
+    axis.set_ylim(low - pad, high + pad)
+    axis.set_xlim(-0.9, 1.9)  # room for the numbers beside the points
+    if low - pad <= 0.0 <= high + pad:
+        axis.axhline(0.0, color="black", linewidth=0.8, zorder=1)
+
+
+def _reduction_texts(reduction):
+    """The two reductions as arithmetic, '(-1 + 1)/2' and '(-2 + 3)/5', from the report's per-response
+    losses and token counts; None when the report does not hold them."""
+    losses, counts = reduction.get("per_response_grpo_losses"), reduction.get("token_counts")
+    if not (isinstance(losses, list) and isinstance(counts, list) and len(losses) == len(counts) > 0
+            and all(map(_is_number, losses + counts))):
+        return None
+    per_response = " + ".join(f"{loss:.4g}" for loss in losses).replace("+ -", "- ")
+    token_sums = " + ".join(f"{loss * count:.4g}" for loss, count in zip(losses, counts)).replace("+ -", "- ")
+    return f"({per_response})/{len(losses)}", f"({token_sums})/{sum(counts):g}"
+
+
+def plot_tokens(paths):
+    """Token-sequence objectives: each objective's loss before and after one step on its own axes (the
+    objectives have different scales and must not be compared), the gradient norms, the two reductions."""
+    paths = _as_list(paths)
+    if len(paths) > 1:
+        raise PlotInputError(f"{paths[1]}: one token report at a time (they are deterministic: one is the same "
+                             "as another)")
+    path = paths[0]
     report = read_json(path)
-    objectives = [name for name in ("dpo", "grpo", "cispo") if isinstance(report, dict) and isinstance(report.get(name), dict)]
+    objectives = [name for name in ("dpo", "grpo", "cispo")
+                  if isinstance(report, dict) and isinstance(report.get(name), dict)]
     if not objectives:
         raise PlotInputError(f"{path}: not a token report (no dpo/grpo/cispo sections)")
     keys = ("initial_loss", "final_loss", "gradient_norm")
-    values = {name: [_finite_number(path, f"{name}.{key}", report[name].get(key)) for key in keys] for name in objectives}
+    values = {name: [_finite_number(path, f"{name}.{key}", report[name].get(key)) for key in keys]
+              for name in objectives}
     reduction = report.get("reduction") if isinstance(report.get("reduction"), dict) else None
-    panels = 3 if reduction else 2
-    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.9), constrained_layout=True)
-    positions = list(range(len(objectives)))
-    labels = [name.upper() for name in objectives]
-    colors = [COLORS[name] for name in objectives]
-    width = 0.38
-    for offset, index, shade in ((-width / 2, 0, 0.4), (width / 2, 1, 1.0)):
-        bars = axes[0].bar([p + offset for p in positions], [values[name][index] for name in objectives], width,
-                           color=colors, alpha=shade)
-        axes[0].bar_label(bars, fmt="%.4f", fontsize=7)
-    axes[0].axhline(0.0, color="black", linewidth=0.8)
-    axes[0].set_xticks(positions, labels)
-    axes[0].legend(handles=[Patch(facecolor="grey", alpha=0.4, label="before the step"),
-                            Patch(facecolor="grey", label="after one SGD step (lr 0.1)")], fontsize=8)
-    _finish(axes[0], "Loss before / after one step\n(each objective its own scale: do not compare)", "loss", "objective")
-    bars = axes[1].bar(positions, [values[name][2] for name in objectives], color=colors)
-    axes[1].bar_label(bars, fmt="%.6f", fontsize=7)
-    axes[1].set_xticks(positions, labels)
-    _finish(axes[1], "Gradient norm at the initial table\n(GRPO and CISPO identical at ratio 1)", "L2 norm", "objective")
+    contrast = None
     if reduction:
         contrast = [_finite_number(path, "reduction.per_response_mean", reduction.get("per_response_mean")),
                     _finite_number(path, "reduction.global_token_mean", reduction.get("global_token_mean"))]
-        bars = axes[2].bar([0, 1], contrast, color=["#2ca02c", "#ff7f0e"])
-        axes[2].bar_label(bars, fmt="%.4f", fontsize=8)
-        axes[2].set_xticks([0, 1], ["per response,\nthen mean", "global token\nmean"])
-        axes[2].axhline(0.0, color="black", linewidth=0.8)
-        _finish(axes[2], "Same per-token GRPO loss, two reductions\n(-1 + 1)/2 = 0 vs (-2 + 3)/5 = 0.2", "loss",
-                "reduction")
-    figure.suptitle(f"Token-sequence objectives ({os.path.basename(path)})", fontsize=11)
+    settings = report.get("settings") if isinstance(report.get("settings"), dict) else {}
+    rate = settings.get("learning_rate")
+    step_text = f"after one SGD step\n(lr {rate:g})" if isinstance(rate, (int, float)) else "after one\nSGD step"
+
+    figure = Figure(figsize=(13, 8.4), layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(2, 6)
+    for index, name in enumerate(objectives):
+        axis = figure.add_subplot(grid[0, 2 * index:2 * index + 2])
+        _before_after(axis, values[name][0], values[name][1], COLORS[name])
+        axis.set_xticks([0, 1], ["before\n(initial table)", step_text])
+        _finish(axis, f"{name.upper()} loss: change {_fixed(values[name][1] - values[name][0], 6, sign=True)}",
+                "loss (this objective's own scale)", "")
+    norm_axis = figure.add_subplot(grid[1, 0:3] if contrast else grid[1, :])
+    norms = [values[name][2] for name in objectives]
+    colors = [COLORS[name] for name in objectives]
+    bars = norm_axis.bar(range(len(objectives)), norms, width=0.6, color=colors, edgecolor=colors)
+    _bar_values(norm_axis, bars, norms, 6)
+    norm_axis.set_xticks(range(len(objectives)), [name.upper() for name in objectives])
+    _finish(norm_axis, "Gradient norm of each loss at the initial table", "L2 norm of the gradient", "objective")
+    if contrast:
+        axis = figure.add_subplot(grid[1, 3:6])
+        bars = axis.bar([0, 1], contrast, width=0.6, color=COLORS["grpo"], edgecolor=COLORS["grpo"])
+        _bar_values(axis, bars, contrast, 4)
+        arithmetic = _reduction_texts(reduction)
+        ticks = ["per-response mean,\nthen over responses", "global token mean\n(all scored tokens)"]
+        if arithmetic:
+            ticks = [f"{tick}\n{text}" for tick, text in zip(ticks, arithmetic)]
+        axis.set_xticks([0, 1], ticks)
+        _finish(axis, "The same per-token GRPO losses, reduced two ways", "loss", "reduction")
+    figure.suptitle(f"Token-sequence objectives ({os.path.basename(path)}): one step from the same initial table\n"
+                    "each loss on its own axis: the values of different objectives are not comparable")
     return figure
 
 
-ONLINE_COLUMNS = ["step", "success_rate", "success_probability", "mean_response_length", "kl_k3"]
+ONLINE_COLUMNS = ["step", "total_tokens_sampled", "success_rate", "success_probability", "mean_response_length",
+                  "kl_reference"]
+
+
+def _online_run(folder, algorithm=None):
+    series = read_csv(os.path.join(folder, "online.csv"), ONLINE_COLUMNS)
+    settings = read_settings(os.path.join(folder, "online.json"))
+    name = settings.get("algorithm") if isinstance(settings.get("algorithm"), str) else None
+    return Run(folder, name or algorithm or "", series, settings)
+
+
+def _online_references(runs):
+    """The start (exact success probability at step 0, from the data) and the target 0.9, for the success
+    panel; the length of a correct answer plus EOS, averaged over the task's prompts, for the length panel."""
+    starts = [(run.series["success_probability"][0], f"start {run.series['success_probability'][0]:.4f}")
+              for run in runs if run.series["step"][0] == 0]
+    success = starts + [(TARGET_SUCCESS, f"target {TARGET_SUCCESS:g}"), (1.0, "optimum 1")]
+    lengths = []
+    for run in runs:
+        answers = run.settings.get("prompts_and_answers")
+        if isinstance(answers, dict) and answers and all(isinstance(a, str) for a in answers.values()):
+            length = sum(len(answer) + 1 for answer in answers.values()) / len(answers)
+            lengths.append((length, f"all correct: {length:.3g}"))
+    return success, lengths
+
+
+def _first_at_target(run, x_column):
+    """(x, p) of the first row whose exact success probability reaches TARGET_SUCCESS, or None."""
+    for x, p in zip(run.series[x_column], run.series["success_probability"]):
+        if p >= TARGET_SUCCESS:
+            return x, p
+    return None
 
 
 def plot_online(folders):
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8), constrained_layout=True)
+    """Online runs (online_tokens.py), one line per folder: exact success and KL after each update (from
+    step 0), the sampled batch's success rate and response length (from step 1: nothing is sampled at 0)."""
+    runs = [_online_run(folder) for folder in _as_list(folders)]
+    styles, labels = run_styles(runs), run_labels(runs)
+    success_references, length_references = _online_references(runs)
+    figure, axes = _new_figure(2, 2, 13, 8.8)
     panels = [
-        ("success_rate", "Success: sampled batch (solid), exact policy (dashed)", "share"),
-        ("mean_response_length", "Mean response length (tokens, EOS included)", "tokens"),
-        ("kl_k3", "k3 KL(sampling policy || reference) per token", "nats"),
+        ("success_probability", 0, "Exact success probability after each update", "p(correct answer, then EOS)",
+         success_references),
+        ("success_rate", 1, "Success rate of the sampled batch (noisy estimate of the above)",
+         "share of responses correct", []),
+        ("mean_response_length", 1, "Mean response length of the sampled batch", "tokens per response (EOS included)",
+         length_references),
+        ("kl_reference", 0, "Exact KL(policy ‖ reference): how far training moved the policy", "nats per response",
+         []),
     ]
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, folder in enumerate(folders):
-        series = read_csv(os.path.join(folder, "online.csv"), ONLINE_COLUMNS)
-        label = os.path.basename(os.path.normpath(folder))
-        color = cycle[index % len(cycle)]
-        for axis, (column, _, _) in zip(axes, panels):
-            axis.plot(series["step"], series[column], color=color, label=f"{label} (sampled)" if axis is axes[0] else label,
-                      linewidth=1.5, alpha=0.85)
-        # the exact probability of the correct answer after each update, beside the noisy sampled rate
-        axes[0].plot(series["step"], series["success_probability"], color=color, linestyle="--", linewidth=1.2,
-                     label=f"{label} (exact, after update)")
-    for axis, (_, title, ylabel) in zip(axes, panels):
-        _finish(axis, title, ylabel, "iteration")
-    axes[0].axhline(1.0, color="black", linestyle="--", linewidth=0.9)
-    axes[0].legend(loc="best", fontsize=8)
-    figure.suptitle("Online token-level GRPO / CISPO", fontsize=11)
+    for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
+        _plot_runs(axis, runs, styles, labels, "step", column, from_step)
+        mark_references(axis, references)
+        _finish(axis, title, ylabel, "iteration (one sampled batch each)")
+    _legend_below(figure, axes[0])
+    algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs if run.algorithm)) or "runs"
+    figure.suptitle(f"Online {algorithms} on a tiny token policy (prompt n → n in binary, then EOS)")
     return figure
 
 
+def load_online_all_runs(folders):
+    """One Run per <algorithm>/online.csv of each folder, grouped by algorithm, then folder."""
+    found = {}
+    for folder in _as_list(folders):
+        found[folder] = [name for name in ONLINE_ALGORITHMS if os.path.exists(os.path.join(folder, name, "online.csv"))]
+        if not found[folder]:
+            raise PlotInputError(f"{folder}: comparison.csv but no <algorithm>/online.csv beside it "
+                                 f"(expected subfolders among {', '.join(ONLINE_ALGORITHMS)})")
+    return [_online_run(os.path.join(folder, name), name)
+            for name in ONLINE_ALGORITHMS for folder in found if name in found[folder]]
+
+
+def plot_online_all(folders):
+    """online_tokens.py --algorithm all: the algorithms on shared axes against the sampled tokens (the budget
+    they share), exact success with the start and the 0.9 target, exact KL to the reference, response length."""
+    runs = load_online_all_runs(folders)
+    styles, labels = run_styles(runs), run_labels(runs)
+    reached = [_first_at_target(run, "total_tokens_sampled") for run in runs]
+    labels = [f"{label}: p ≥ {TARGET_SUCCESS:g} after {point[0]:,.0f} tokens" if point else
+              f"{label}: p < {TARGET_SUCCESS:g} throughout" for label, point in zip(labels, reached)]
+    success_references, length_references = _online_references(runs)
+    figure, axes = _new_figure(1, 3, 15, 5.6)
+    panels = [
+        ("success_probability", 0, "Exact success probability per sampled token\n(dots: first reaches the target)",
+         "p(correct answer, then EOS)", success_references),
+        ("kl_reference", 0, "Exact KL(policy ‖ reference)\nthe price of the gain", "nats per response", []),
+        ("mean_response_length", 1, "Mean response length of the sampled batch\n(EOS included)",
+         "tokens per response", length_references),
+    ]
+    for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
+        _plot_runs(axis, runs, styles, labels, "total_tokens_sampled", column, from_step)
+        mark_references(axis, references)
+        _finish(axis, title, ylabel, "sampled tokens (total so far)")
+    for point, style in zip(reached, styles):
+        if point:
+            axes[0].plot([point[0]], [point[1]], marker="o", markersize=6, color=style["color"],
+                         markeredgecolor="black", linestyle="none", zorder=3)
+    _legend_below(figure, axes[0])
+    algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs))
+    figure.suptitle(f"{algorithms} on the same task at the same sampling budget: who learns with fewer tokens")
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------
+# The atlas: one experiments.py folder (settings.json, summary.csv, curves.csv)
+# ---------------------------------------------------------------------------------------------
+
+EXPERIMENT_CYCLE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+                    "#bcbd22", "#17becf", "#393b79", "#637939")
+
+
+def _rows_from_text(text, where):
+    """CSV text -> list of dicts, numbers as floats where they parse (labels stay strings)."""
+    try:
+        rows = list(csv.DictReader(io.StringIO(text)))
+    except csv.Error as error:
+        raise PlotInputError(f"{where}: not a readable CSV ({error})") from None
+    for row in rows:
+        for key, value in row.items():
+            try:
+                row[key] = float(value)
+            except (TypeError, ValueError):
+                pass
+    return rows
+
+
+def _experiment_panel_curves(axis, curves, columns, configurations, colors):
+    """Mean over seeds of each column per configuration (a line: solid for the first column, dashed for the
+    second, dotted for the third) with the seeds' min-max as a band."""
+    for style, column in zip(("-", "--", ":"), columns):
+        _experiment_curve(axis, curves, column, configurations, colors, style, first=column == columns[0])
+    title = columns[0].replace("_", " ") if len(columns) == 1 else "; ".join(
+        f"{name} {column.replace('_', ' ')}" for name, column in zip(("solid:", "dashed:", "dotted:"), columns))
+    _finish(axis, textwrap.fill(title, 60), columns[0].replace("_", " ") if len(columns) == 1 else "value",
+            "iteration")
+
+
+def _experiment_curve(axis, curves, column, configurations, colors, style, first):
+    for configuration in configurations:
+        points = collections.defaultdict(list)
+        for row in curves:
+            if row["configuration"] == configuration and isinstance(row.get(column), float):
+                points[row["step"]].append(row[column])
+        if not points:
+            continue
+        steps = sorted(points)
+        if steps and steps[0] == 0 and column not in ("success_probability", "expected_reward",
+                                                      "best_action_probability", "expected_return",
+                                                      "left_probability", "kl_reference"):
+            steps = steps[1:]  # step 0 of a sampled-batch column is a placeholder 0
+        mean = [sum(points[step]) / len(points[step]) for step in steps]
+        axis.fill_between(steps, [min(points[step]) for step in steps], [max(points[step]) for step in steps],
+                          color=colors[configuration], alpha=0.12, linewidth=0)
+        axis.plot(steps, mean, color=colors[configuration], linestyle=style, linewidth=1.6,
+                  label=configuration if first else None)
+
+
+def _experiment_panel_bars(axis, summary, metrics, colors, log_scale):
+    """Grouped bars: one group per metric, one bar per configuration (mean), whiskers min-max over seeds."""
+    configurations = [row["configuration"] for row in summary]
+    width = 0.8 / max(len(configurations), 1)
+    for index, row in enumerate(summary):
+        positions = [group + (index - (len(configurations) - 1) / 2) * width for group in range(len(metrics))]
+        means = [row[f"{metric}_mean"] for metric in metrics]
+        low = [row[f"{metric}_mean"] - row[f"{metric}_min"] for metric in metrics]
+        high = [row[f"{metric}_max"] - row[f"{metric}_mean"] for metric in metrics]
+        if log_scale:  # an exact identity is a rounding error near 1e-16: drawn at the floor, not as "0"
+            means = [max(abs(value), 1e-17) for value in means]
+            low, high = [0.0] * len(metrics), [0.0] * len(metrics)
+        axis.bar(positions, means, width * 0.95, color=colors[row["configuration"]], label=row["configuration"],
+                 yerr=[low, high], capsize=2, error_kw={"linewidth": 0.8})
+    axis.set_xticks(range(len(metrics)), [textwrap.fill(metric.replace("_", " "), 11) for metric in metrics],
+                    fontsize=8.5)
+    if log_scale:
+        axis.set_yscale("log")
+        axis.set_ylim(1e-17, None)
+        axis.axhline(1e-12, color="0.35", linestyle=(0, (2, 2)), linewidth=1.0)
+        axis.text(1.0, 1e-12, " 1e-12: exact,\n rounding only", transform=axis.get_yaxis_transform(),
+                  fontsize=8.5, va="center", color="0.25")
+    else:
+        axis.axhline(0.0, color="black", linewidth=0.8)
+    axis.grid(True, axis="y", alpha=0.3)
+    axis.set_title("mean over seeds per configuration (whiskers: min to max)" if not log_scale else
+                   "|mean| over seeds, log scale")
+
+
+def experiment_figure(settings, summary, curves):
+    """The figure of one experiment from its parsed files: a panel per curve column (mean over seeds, band
+    min-max), then the summary's bar panels (settings["figure"]["bars"], log scale where asked)."""
+    spec = settings.get("figure") or {}
+    bar_panels = spec.get("bars") or [settings.get("metrics", [])[:3]]
+    log_panels = spec.get("log") or [False] * len(bar_panels)
+    curve_panels = spec.get("curve_panels") or [[column] for column in settings.get("curves", [])]
+    curve_columns = [[column for column in panel if curves and column in curves[0]] for panel in curve_panels]
+    curve_columns = [panel for panel in curve_columns if panel]
+    configurations = list(dict.fromkeys(row["configuration"] for row in summary))
+    colors = {name: EXPERIMENT_CYCLE[index % len(EXPERIMENT_CYCLE)] for index, name in enumerate(configurations)}
+    panels = len(curve_columns) + len(bar_panels)
+    columns = min(panels, 3)
+    rows = -(-panels // columns)
+    figure, axes = _new_figure(rows, columns, 5.2 * columns, 4.3 * rows + 0.8)
+    for axis, panel in zip(axes, curve_columns):
+        _experiment_panel_curves(axis, curves, panel, configurations, colors)
+    for axis, metrics, log_scale in zip(axes[len(curve_columns):], bar_panels, log_panels):
+        _experiment_panel_bars(axis, summary, metrics, colors, log_scale)
+    for axis in axes[panels:]:
+        axis.set_visible(False)
+    _legend_below(figure, axes[len(curve_columns)] if bar_panels else axes[0])
+    title = f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}"
+    figure.suptitle(textwrap.fill(title, 140) + f"\n{len(settings.get('seeds', []))} seeds; source: "
+                    + textwrap.shorten(str(settings.get("source", "")), 120))
+    return figure
+
+
+def experiment_figure_bytes(files, extension):
+    """The figure of one experiment from the {path: text} that experiments.py is about to write."""
+    by_name = {os.path.basename(path): text for path, text in files.items()}
+    settings = json.loads(by_name["settings.json"])
+    with matplotlib.rc_context(STYLE):
+        figure = experiment_figure(settings, _rows_from_text(by_name["summary.csv"], "summary.csv"),
+                                   _rows_from_text(by_name.get("curves.csv", ""), "curves.csv"))
+        return figure_bytes(figure, extension)
+
+
+def plot_experiment(folders):
+    """One experiments.py folder; several are refused (each experiment has its own axes)."""
+    folders = _as_list(folders)
+    if len(folders) > 1:
+        raise PlotInputError(f"{folders[1]}: draw one experiment folder at a time")
+    folder = folders[0]
+    settings = read_json(os.path.join(folder, "settings.json"))
+    if not isinstance(settings, dict) or "experiment" not in settings:
+        raise PlotInputError(f"{os.path.join(folder, 'settings.json')}: not an experiment's settings")
+    texts = {}
+    for name in ("summary.csv", "curves.csv"):
+        path = os.path.join(folder, name)
+        if os.path.lexists(path):
+            _check_input_file(path)
+            with open(path, encoding="utf-8", newline="") as handle:
+                texts[name] = handle.read()
+    if "summary.csv" not in texts:
+        raise PlotInputError(f"{folder}: settings.json but no summary.csv")
+    return experiment_figure(settings, _rows_from_text(texts["summary.csv"], "summary.csv"),
+                             _rows_from_text(texts.get("curves.csv", ""), "curves.csv"))
+
+
+# kind (see detect_kind) -> function(list of input paths) -> matplotlib Figure
+PLOTTERS = {
+    "experiment": plot_experiment,
+    "bandit": plot_bandit,
+    "chain": plot_chain,
+    "tokens": plot_tokens,
+    "online": plot_online,
+    "online-all": plot_online_all,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# From inputs to a file
+# ---------------------------------------------------------------------------------------------
+
+
+def figure_for(inputs):
+    """(kind, Figure) for a list of input paths of one kind; raises PlotInputError naming the file for an
+    input of another kind, an input given twice, or bad content."""
+    inputs = _as_list(inputs)
+    kinds = [detect_kind(path) for path in inputs]
+    seen = set()
+    for path, kind in zip(inputs, kinds):
+        if kind != kinds[0]:
+            raise PlotInputError(f"{path}: {kind} output cannot share a figure with {inputs[0]} ({kinds[0]} output); "
+                                 "give inputs of one kind")
+        real = os.path.realpath(path)
+        if real in seen:
+            raise PlotInputError(f"{path}: given twice")
+        seen.add(real)
+    if kinds[0] == "tokens":
+        inputs = [os.path.join(path, "results-tokens.json") if os.path.isdir(path) else path for path in inputs]
+    with matplotlib.rc_context(STYLE):  # font sizes are fixed when each text is made, so around the drawing
+        return kinds[0], PLOTTERS[kinds[0]](inputs)
+
+
 def render(inputs, output):
-    """Draw the figure for `inputs` (list of paths) into `output`.
+    """Draw the figure for `inputs` (list of paths) into `output`; return the kind.
 
     Raises PlotInputError for bad input (nothing is written) and lab_io.WriteFailed when the file
     cannot be written (no partial file is left).
     """
-    kinds = [detect_kind(path) for path in inputs]
-    if len(inputs) > 1 and set(kinds) != {"online"}:
-        raise PlotInputError(f"{inputs[1]}: several inputs are only supported for online run folders")
-    kind = kinds[0]
     # finite but absurd values (say 1e308) overflow matplotlib's axis arithmetic: one line, not a traceback
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
         try:
-            if kind == "bandit":
-                figure = plot_bandit(inputs[0])
-            elif kind == "chain":
-                figure = plot_chain(inputs[0])
-            elif kind == "tokens":
-                path = inputs[0]
-                figure = plot_tokens(os.path.join(path, "results-tokens.json") if os.path.isdir(path) else path)
-            else:
-                figure = plot_online(inputs)
+            kind, figure = figure_for(inputs)
             save(figure, output)
         except (ArithmeticError, ValueError, np.linalg.LinAlgError) as error:
-            plt.close("all")
             raise PlotInputError(f"{', '.join(inputs)}: the values cannot be drawn ({type(error).__name__})") from None
     return kind
 
@@ -359,7 +970,8 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--input", nargs="+", default=["results"],
-                        help="a bandit or chain output folder, a token report .json, or one or more online run folders")
+                        help="one or more output folders of one kind (bandit, chain, online run, online "
+                             "--algorithm all), overlaid and labelled by their settings, or a token report .json")
     parser.add_argument("--output", default="results/training-curves.svg",
                         help="figure file; the extension chooses the format: .svg (deterministic) or .png; "
                              "a missing folder is created")

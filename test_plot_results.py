@@ -4,6 +4,8 @@ the plotter never imports torch.
     python -m unittest -v test_plot_results
 """
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -11,7 +13,10 @@ import tempfile
 import unittest
 
 import lab_io
+import matplotlib.colors
+import online_tokens
 import plot_results
+import ppo_chain
 import rl_lab
 from lab_testing import HERE, run_main
 
@@ -27,6 +32,59 @@ def write_csv(path, header, rows):
             handle.write(",".join(str(value) for value in row) + "\n")
 
 
+FEW_STEPS = 3  # the figures are about labels, layout and values, not about learning: tiny runs are enough
+
+
+def write_bandit(folder, algorithm, **options):
+    """A short rl_lab run written as rl_lab.py writes it: <algorithm>.csv and .json. Returns the rows."""
+    rows, settings = rl_lab.train(algorithm, steps=FEW_STEPS, **options)
+    columns = rl_lab.DPO_COLUMNS if algorithm == "dpo" else rl_lab.COLUMNS
+    lab_io.write_files({
+        os.path.join(folder, f"{algorithm}.csv"): lab_io.csv_text(rows, columns),
+        os.path.join(folder, f"{algorithm}.json"): lab_io.json_text({"settings": settings, "initial": rows[0],
+                                                                     "final": rows[-1]}),
+    })
+    return rows
+
+
+def write_chain(folder, **options):
+    rows, report = ppo_chain.train(steps=FEW_STEPS, **options)
+    lab_io.write_files({os.path.join(folder, "ppo-chain.csv"): lab_io.csv_text(rows, ppo_chain.COLUMNS),
+                        os.path.join(folder, "ppo-chain.json"): lab_io.json_text(report)})
+    return rows
+
+
+def write_online(folder, **options):
+    rows, report = online_tokens.train(steps=FEW_STEPS, **options)
+    lab_io.write_files({os.path.join(folder, "online.csv"): lab_io.csv_text(rows, online_tokens.COLUMNS),
+                        os.path.join(folder, "online.json"): lab_io.json_text(report)})
+    return rows
+
+
+def write_online_all(folder):
+    """What `online_tokens.py --algorithm all` writes: <algorithm>/online.{csv,json} and comparison.csv.
+    Returns {algorithm: rows}."""
+    runs = {name: write_online(os.path.join(folder, name), algorithm=name) for name in online_tokens.FOUR_ALGORITHMS}
+    comparison = [online_tokens.comparison_row(name, rows) for name, rows in runs.items()]
+    lab_io.write_text_atomic(os.path.join(folder, "comparison.csv"),
+                             lab_io.csv_text(comparison, online_tokens.COMPARISON_COLUMNS))
+    return runs
+
+
+def data_lines(axis):
+    """The lines of the runs (reference lines and markers have no legend label)."""
+    return [line for line in axis.get_lines() if not line.get_label().startswith("_")]
+
+
+def reference_labels(axis):
+    """{tick label text: value} of the labels written on the right edge of `axis` beside its reference lines."""
+    labels = {}
+    for child in axis.child_axes:
+        for value, text in zip(child.yaxis.get_ticklocs(), child.yaxis.get_ticklabels()):
+            labels[text.get_text()] = value
+    return labels
+
+
 class Plotter(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -36,13 +94,16 @@ class Plotter(unittest.TestCase):
         return os.path.join(self.tmp.name, *parts)
 
     def test_renders_every_kind_and_the_svg_is_deterministic(self):
+        write_online_all(self.path("all"))
         cases = [
-            ("bandit", [os.path.join(HERE, "results")], ["PPO", "DPO", "GRPO", "CISPO", "optimum 1"]),
-            ("chain", [os.path.join(HERE, "results-chain")], ["Expected return", "V(start)"]),
-            ("tokens", [os.path.join(HERE, "results-tokens.json")], ["GRPO", "global token"]),
+            ("bandit", [os.path.join(HERE, "results")],
+             ["PPO", "DPO", "GRPO", "CISPO", "optimum 1", "uniform start 1/3"]),
+            ("chain", [os.path.join(HERE, "results-chain")], ["Expected return", "V(start)", "gae_lambda=0.95"]),
+            ("tokens", [os.path.join(HERE, "results-tokens.json")], ["GRPO", "global token", "0.010463"]),
+            # labelled by their settings (the algorithm), no longer by the folder names
             ("online", [os.path.join(HERE, "results-online-grpo-sequence"),
-                        os.path.join(HERE, "results-online-cispo-sequence")],
-             ["results-online-grpo-sequence", "results-online-cispo-sequence"]),
+                        os.path.join(HERE, "results-online-cispo-sequence")], ["GRPO", "CISPO", "start 0.0535"]),
+            ("online-all", [self.path("all")], ["PPO", "DPO", "GRPO", "CISPO", "target 0.9", "sampled tokens"]),
         ]
         for kind, inputs, texts in cases:
             with self.subTest(kind=kind):
@@ -51,13 +112,13 @@ class Plotter(unittest.TestCase):
                 plot_results.render(inputs, second)
                 with open(first, "rb") as a, open(second, "rb") as b:
                     svg = a.read()
-                    self.assertEqual(svg, b.read())
-                for text in texts:
-                    self.assertIn(text.encode(), svg)
-                png = self.path(f"{kind}.png")
-                plot_results.render(inputs, png)
-                with open(png, "rb") as handle:
-                    self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
+                    self.assertTrue(svg == b.read(), "two renders of the same input differ")
+                missing = [text for text in texts if text.encode() not in svg]
+                self.assertEqual(missing, [])
+        png = self.path("chain.png")  # the format follows the extension (one kind is enough: the same code path)
+        self.assertEqual(plot_results.render([os.path.join(HERE, "results-chain")], png), "chain")
+        with open(png, "rb") as handle:
+            self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
 
     def test_y_range_follows_the_data_for_a_reversed_dpo_run(self):
         out = self.path("flipped")
@@ -177,6 +238,244 @@ class Plotter(unittest.TestCase):
                 self.assertIn("not a regular file", stderr)
                 self.assertFalse(os.path.exists(self.path("new")))
 
+
+
+class PlotterLabelsAndLayout(unittest.TestCase):
+    """Several runs in one figure: labels read from the settings, legends outside the data, one axes per
+    token objective, the four-algorithm folder, reference lines labelled, mixed kinds refused."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp.name, *parts)
+
+    def figure(self, inputs):
+        kind, figure = plot_results.figure_for(inputs)
+        self.addCleanup(plot_results.plt.close, figure)
+        return kind, figure
+
+    def test_setting_differences_name_what_differs_and_leave_out_the_shared_value(self):
+        def grpo(**changes):
+            return {"algorithm": "grpo", "seed": 7, "reduction": "sequence", "advantage": "grpo", "epsilon": 0.2,
+                    "epsilon_high": None, "kl": "k3 per token, beta times it in the loss", **changes}
+
+        cases = [
+            # one of six differs: only that one names it
+            ([grpo(), grpo(), grpo(reduction="token"), grpo(advantage="rloo"), grpo(), grpo()],
+             ["", "", "reduction=token", "advantage=rloo", "", ""]),
+            # two runs, no majority: both name their value; the sentence "kl" never labels
+            ([grpo(), grpo(reduction="token", kl="k3 per token, in the reward")],
+             ["reduction=sequence", "reduction=token"]),
+            # epsilon_high is resolved per algorithm (5.0 is CISPO's default), epsilon is absent for CISPO
+            ([grpo(), {"algorithm": "cispo", "seed": 7, "reduction": "sequence", "advantage": "grpo",
+                       "epsilon_high": 5.0}], ["", ""]),
+            # group sizes 2, 4, 8 of GRPO each named, although CISPO's 8 makes 8 the most common value
+            ([{"algorithm": "grpo", "group_size": 2}, {"algorithm": "grpo", "group_size": 4},
+              {"algorithm": "grpo", "group_size": 8}, {"algorithm": "cispo", "group_size": 8}],
+             ["group_size=2", "group_size=4", "group_size=8", ""]),
+            # numbers as a person writes them (the chain's JSON has no "algorithm": all runs are one algorithm)
+            ([{"gae_lambda": 0.95, "seed": 7}, {"gae_lambda": 0.0, "seed": 7}, {"gae_lambda": 1.0, "seed": 7}],
+             ["gae_lambda=0.95", "gae_lambda=0", "gae_lambda=1"]),
+            # a setting missing from one algorithm's JSON does not apply to it (CISPO's epsilon above), but one
+            # missing where another run of the same algorithm has it is an older JSON: the run with it names it
+            ([{"algorithm": "grpo", "seed": 7}, {"algorithm": "grpo", "seed": 7, "reward_shift": 1.0},
+              {"algorithm": "ppo", "seed": 7}], ["", "reward_shift=1", ""]),
+        ]
+        for settings, expected in cases:
+            with self.subTest(expected=expected):
+                self.assertEqual(plot_results.setting_differences(settings), expected)
+
+    def test_several_bandit_folders_overlay_one_line_per_run_labelled_by_settings(self):
+        base, flips, small_groups = self.path("base"), self.path("flips3"), self.path("g4")
+        clean = write_bandit(base, "dpo")
+        write_bandit(base, "grpo")
+        flipped = write_bandit(flips, "dpo", preference_flips=3)
+        grouped = write_bandit(small_groups, "grpo", group_size=4, grpo_prompts=32)
+        kind, figure = self.figure([base, flips, small_groups])
+        self.assertEqual(kind, "bandit")
+        expected = {
+            "DPO, preference_flips=0": clean,
+            "DPO, preference_flips=3": flipped,
+            "GRPO, group_size=8, online_batch_prompts=16": None,
+            "GRPO, group_size=4, online_batch_prompts=32": grouped,
+        }
+        lines = {line.get_label(): line for line in data_lines(figure.axes[0])}
+        self.assertEqual(sorted(lines), sorted(expected))
+        for label, rows in expected.items():
+            if rows is not None:  # each line is its own run's exact expected reward, step by step
+                self.assertEqual(list(lines[label].get_xdata()), [row["step"] for row in rows])
+                self.assertEqual(list(lines[label].get_ydata()), [row["expected_reward"] for row in rows])
+        # runs of one algorithm: its colour family, told apart by their dashes
+        self.assertNotEqual(lines["DPO, preference_flips=0"].get_linestyle(),
+                            lines["DPO, preference_flips=3"].get_linestyle())
+        legend = [text.get_text() for text in figure.legends[0].get_texts()]
+        self.assertEqual(sorted(legend), sorted(expected))
+
+    def test_several_chain_folders_overlay_labelled_by_gae_lambda(self):
+        folders = {"gae_lambda=0.95": self.path("l95"), "gae_lambda=0": self.path("l0"),
+                   "gae_lambda=1": self.path("l1")}
+        rows = {label: write_chain(folder, gae_lambda=float(label.split("=")[1])) for label, folder in folders.items()}
+        code, stdout, stderr = run_main(plot_results.main, ["--input", *folders.values(), "--output",
+                                                            self.path("chain.svg")])
+        self.assertEqual((code, stderr), (0, ""))
+        _, figure = self.figure(list(folders.values()))
+        for axis, column in zip(figure.axes, ("expected_return", "left_probability", "value_start")):
+            lines = {line.get_label(): list(line.get_ydata()) for line in data_lines(axis)}
+            self.assertEqual(lines, {label: [row[column] for row in rows[label]] for label in folders})
+        with open(self.path("chain.svg"), "rb") as handle:
+            svg = handle.read()
+        self.assertEqual([label for label in folders if label.encode() not in svg], [])
+
+    def test_online_runs_are_labelled_by_what_differs_and_the_start_is_marked(self):
+        grpo, token, cispo = self.path("grpo"), self.path("token"), self.path("cispo")
+        rows = write_online(grpo)
+        write_online(token, reduction="token")
+        write_online(cispo, algorithm="cispo")
+        cases = [
+            ([grpo, token, cispo], ["GRPO, reduction=sequence", "GRPO, reduction=token", "CISPO"]),
+            ([grpo, token], ["reduction=sequence", "reduction=token"]),  # one algorithm: named in the title
+            ([grpo, cispo], ["GRPO", "CISPO"]),
+        ]
+        for inputs, labels in cases:
+            with self.subTest(labels=labels):
+                kind, figure = self.figure(inputs)
+                self.assertEqual(kind, "online")
+                self.assertEqual([line.get_label() for line in data_lines(figure.axes[0])], labels)
+        exact, sampled = figure.axes[0], figure.axes[1]
+        start = rows[0]["success_probability"]
+        self.assertAlmostEqual(start, (2 / 9 + 2 / 27 + 2 / 81) / 6, places=12)
+        references = reference_labels(exact)
+        self.assertAlmostEqual(references[f"start {start:.4f}"], start, places=12)
+        self.assertEqual(references["target 0.9"], 0.9)
+        # the exact probability is drawn from the initial evaluation; the sampled batch from step 1 on
+        self.assertEqual(data_lines(exact)[0].get_xdata()[0], 0)
+        self.assertEqual(list(data_lines(sampled)[0].get_xdata()), [row["step"] for row in rows[1:]])
+        self.assertEqual(list(data_lines(sampled)[0].get_ydata()), [row["success_rate"] for row in rows[1:]])
+
+    def test_no_legend_covers_an_axes_in_the_online_and_four_algorithm_figures(self):
+        folders = []
+        for index, options in enumerate([{}, {"reduction": "token"}, {"algorithm": "cispo"}, {"algorithm": "gspo"},
+                                         {"algorithm": "sapo"}, {"advantage": "rloo"}]):
+            folders.append(self.path(f"run{index}"))
+            write_online(folders[-1], **options)
+        write_online_all(self.path("all"))
+        for inputs in (folders, [self.path("all")]):
+            with self.subTest(inputs=len(inputs)):
+                _, figure = self.figure(inputs)
+                figure.canvas.draw()
+                renderer = figure.canvas.get_renderer()
+                legends = list(figure.legends) + [axis.get_legend() for axis in figure.axes if axis.get_legend()]
+                self.assertEqual(len(legends), 1)
+                box = legends[0].get_window_extent(renderer)
+                self.assertEqual(len(legends[0].get_texts()), len(inputs) if len(inputs) > 1 else 4)
+                for axis in figure.axes:
+                    self.assertFalse(box.overlaps(axis.get_window_extent(renderer)), axis.get_title())
+                self.assertTrue(figure.bbox.contains(box.x0, box.y0) and figure.bbox.contains(box.x1, box.y1))
+                # the reference lines' labels (start, target, optimum) sit right of the data area, inside the figure
+                success = figure.axes[0]
+                labels = success.child_axes[0].yaxis.get_ticklabels()
+                self.assertEqual(len(labels), 3)
+                for label in labels:
+                    extent = label.get_window_extent(renderer)
+                    self.assertGreaterEqual(extent.x0, success.get_window_extent(renderer).x1)
+                    self.assertLessEqual(extent.x1, figure.bbox.x1)
+
+    def test_each_token_objective_has_its_own_axes_and_readable_values(self):
+        report_path = os.path.join(HERE, "results-tokens.json")
+        with open(report_path, encoding="utf-8") as handle:
+            report = json.load(handle)
+        _, figure = self.figure([report_path])
+        loss_axes = {axis.get_title().split()[0]: axis for axis in figure.axes if " loss: change" in axis.get_title()}
+        self.assertEqual(sorted(loss_axes), ["CISPO", "DPO", "GRPO"])
+        for name, axis in loss_axes.items():
+            section = report[name.lower()]
+            before, after = axis.collections[:2]  # the two points, before at x 0 and after at x 1
+            self.assertEqual([list(before.get_offsets()[0]), list(after.get_offsets()[0])],
+                             [[0, section["initial_loss"]], [1, section["final_loss"]]])
+            # before light and hatched, after solid in the objective's colour: the ticks say which is which
+            self.assertEqual((before.get_hatch(), after.get_hatch()), ("////", None))
+            color = plot_results.COLORS[name.lower()]
+            self.assertEqual(matplotlib.colors.to_hex(after.get_facecolor()[0]), color)
+            self.assertEqual(matplotlib.colors.to_hex(before.get_edgecolor()[0]), color)
+            self.assertNotEqual(matplotlib.colors.to_hex(before.get_facecolor()[0]), color)
+            self.assertEqual([tick.get_text().split("\n")[0] for tick in axis.get_xticklabels()],
+                             ["before", "after one SGD step"])
+            # on its own axis the change fills more than half the height: neither GRPO's -0.017 nor DPO's
+            # -0.025 next to its 0.69 is lost
+            low, high = axis.get_ylim()
+            self.assertGreater(abs(section["final_loss"] - section["initial_loss"]) / (high - low), 0.5)
+            values = [text for text in axis.texts if text.get_text()]
+            self.assertEqual([text.get_text() for text in values],
+                             [f"{section['initial_loss']:.6f}", f"{section['final_loss']:.6f}"])
+            self.assertTrue(all(text.get_fontsize() >= 9 for text in values))
+        self.assertEqual(loss_axes["GRPO"].get_title(), "GRPO loss: change -0.017285")
+        self.assertEqual(len({id(axis) for axis in loss_axes.values()}), 3)
+
+    def test_four_algorithm_folder_is_detected_and_drawn_against_sampled_tokens(self):
+        runs = write_online_all(self.path("all"))
+        self.assertEqual(plot_results.detect_kind(self.path("all")), "online-all")
+        self.assertEqual(plot_results.detect_kind(self.path("all", "grpo")), "online")
+        kind, figure = self.figure([self.path("all")])
+        self.assertEqual(kind, "online-all")
+        success, kl, length = figure.axes[:3]
+        lines = data_lines(success)
+        self.assertEqual([line.get_label().split(":")[0] for line in lines], ["PPO", "DPO", "GRPO", "CISPO"])
+        for line, (name, rows) in zip(lines, runs.items()):
+            self.assertEqual(matplotlib.colors.to_hex(line.get_color()), plot_results.COLORS[name])
+            self.assertEqual(list(line.get_xdata()), [row["total_tokens_sampled"] for row in rows])
+            self.assertEqual(list(line.get_ydata()), [row["success_probability"] for row in rows])
+        for line, rows in zip(data_lines(kl), runs.values()):
+            self.assertEqual(list(line.get_ydata()), [row["kl_reference"] for row in rows])
+        for line, rows in zip(data_lines(length), runs.values()):  # a sampled-batch column: from step 1
+            self.assertEqual(list(line.get_xdata()), [row["total_tokens_sampled"] for row in rows[1:]])
+        self.assertEqual(success.get_xlabel(), "sampled tokens (total so far)")
+        references = reference_labels(success)
+        self.assertEqual(references["target 0.9"], 0.9)
+        self.assertIn("start 0.0535", references)
+
+    def test_every_reference_line_is_labelled(self):
+        _, figure = self.figure([os.path.join(HERE, "results")])
+        reward, probability, kl, loss = figure.axes[:4]
+        self.assertEqual(reference_labels(reward), {"optimum 1": 1.0, "uniform start 0.233": (1.0 + 0.2 - 0.5) / 3})
+        self.assertEqual(reference_labels(probability), {"always best 1": 1.0, "uniform start 1/3": 1 / 3})
+        self.assertEqual(list(reference_labels(kl).values()), [math.log(3.0)])
+        self.assertEqual(reference_labels(loss), {})
+        # every dashed reference line has its label: the lines drawn across the panel are the labelled values
+        for axis in (reward, probability, kl):
+            across = sorted(line.get_ydata()[0] for line in axis.get_lines() if line.get_label().startswith("_"))
+            self.assertEqual(across, sorted(reference_labels(axis).values()))
+        # a run below the uniform start (all DPO labels reversed) also gets the worst reward marked
+        rows, settings = rl_lab.train("dpo", steps=FEW_STEPS, preference_flips=12)
+        lab_io.write_text_atomic(self.path("flipped", "dpo.csv"), lab_io.csv_text(rows, rl_lab.DPO_COLUMNS))
+        _, figure = self.figure([self.path("flipped")])
+        self.assertEqual(reference_labels(figure.axes[0])["worst -0.5"], -0.5)
+
+    def test_mixed_kinds_repeated_inputs_and_several_token_reports_are_refused_with_one_line(self):
+        write_chain(self.path("chain"))
+        write_bandit(self.path("bandit"), "grpo")
+        write_online(self.path("online"))
+        write_online_all(self.path("all"))
+        tokens = os.path.join(HERE, "results-tokens.json")
+        cases = [
+            ([self.path("bandit"), self.path("chain")], "chain", "one kind"),
+            ([self.path("online"), self.path("all")], "all", "one kind"),
+            ([self.path("all"), tokens], "results-tokens.json", "one kind"),
+            ([self.path("chain"), self.path("chain")], "chain", "given twice"),
+            ([tokens, self.path("copy.json")], "copy.json", "one token report"),
+        ]
+        with open(tokens, encoding="utf-8") as source, open(self.path("copy.json"), "w", encoding="utf-8") as copy:
+            copy.write(source.read())
+        out = self.path("never", "f.svg")
+        for inputs, name, text in cases:
+            with self.subTest(text=text, name=name):
+                code, stdout, stderr = run_main(plot_results.main, ["--input", *inputs, "--output", out])
+                self.assertEqual((code, stdout), (1, ""))
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(text, stderr)
+                self.assertIn(name, stderr.split(":")[2])  # the file is named first, right after "error:"
+                self.assertFalse(os.path.exists(self.path("never")))
 
 
 if __name__ == "__main__":
