@@ -1046,8 +1046,12 @@ def train(**options):
 
 @torch.enable_grad()
 @torch_threads(1)  # tiny tensors: more threads only wait for each other (see lab_checks.torch_threads)
-def run(state):
-    """The training loop of `train` on a prepared `setup` state: (rows, report)."""
+def run(state, observe=None):
+    """The training loop of `train` on a prepared `setup` state: (rows, report).
+
+    observe: None, or a function called as observe(state, batch, row) after each iteration's record,
+    for experiments that measure more than the row (it must not change the state).
+    """
     rows, first_batch = [initial_row(state)], None
     for step in range(1, state["config"]["steps"] + 1):
         batch = compute_advantages(state, rollout(state))
@@ -1055,6 +1059,8 @@ def run(state):
             first_batch = decode_batch(batch, state["config"]["group_size"])
         update_diagnostics = update(state, batch)
         rows.append(record(state, batch, update_diagnostics, step))
+        if observe is not None:
+            observe(state, batch, rows[-1])
     settings = settings_of(state["config"])
     report = {
         "settings": settings,

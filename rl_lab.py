@@ -42,6 +42,7 @@ from lab_checks import (  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
     csv_text,
+    float_flag,
     int_flag,
     json_text,
     output_folder_or_exit,
@@ -1036,11 +1037,19 @@ COLUMNS = [
 DPO_COLUMNS = COLUMNS + ["dpo_training_loss", "dpo_clean_loss"]
 
 
-def reward_table():
-    """(X=4, A=3) float64 reward table R(x, a) of the bandit (rows = contexts)."""
-    return torch.tensor(
+def reward_table(sparse=False, shift=0.0):
+    """(X=4, A=3) float64 reward table R(x, a) of the bandit (rows = contexts).
+
+    The article's section 10.3 proposes two variants: sparse=True pays 1 for each context's best action
+    and 0 for the others; shift adds a constant to every reward (a group-relative advantage does not
+    move, a critic's target does).
+    """
+    table = torch.tensor(
         [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]], dtype=DTYPE, device=DEVICE
     )
+    if sparse:
+        table = torch.zeros_like(table).scatter(1, table.argmax(dim=1, keepdim=True), 1.0)
+    return table + shift if shift else table
 
 
 def preference_pairs(rewards):
@@ -1087,7 +1096,7 @@ def _exact_metrics(logp, ref_logp, rewards):
     }
 
 
-def _settings(algorithm, steps, seed, group_size, grpo_prompts):
+def _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards):
     """The JSON settings: those every algorithm shares, then the ones that apply to `algorithm`."""
     settings = {
         "algorithm": algorithm,
@@ -1096,7 +1105,9 @@ def _settings(algorithm, steps, seed, group_size, grpo_prompts):
         "dtype": str(DTYPE).replace("torch.", ""),
         "device": str(DEVICE),
         "torch": torch.__version__,
-        "reward_table": reward_table().tolist(),
+        "reward_table": rewards.tolist(),
+        "reward_shift": reward_shift,
+        "sparse_rewards": sparse_rewards,
         "num_contexts": NUM_CONTEXTS,
         "num_actions": NUM_ACTIONS,
         "reference": "uniform (zero logits), frozen",
@@ -1106,7 +1117,7 @@ def _settings(algorithm, steps, seed, group_size, grpo_prompts):
         "max_grad_norm": MAX_GRAD_NORM,
     }
     if algorithm == "dpo":
-        settings.update({"dpo_beta": DPO_BETA, "offline_preference_pairs": int(preference_pairs(reward_table()).shape[0])})
+        settings.update({"dpo_beta": DPO_BETA, "offline_preference_pairs": int(preference_pairs(rewards).shape[0])})
         return settings
     settings.update({"kl_beta": KL_BETA, "update_epochs": UPDATE_EPOCHS, "target_old_policy_kl": TARGET_OLD_POLICY_KL})
     if algorithm == "ppo":
@@ -1146,8 +1157,13 @@ def _clip_step(optimizer, params, loss):
 
 @torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
 @torch_threads(1)
-def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16):
+def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16, reward_shift=0.0,
+          sparse_rewards=False):
     """Train one algorithm on the bandit; return (rows, settings).
+
+    reward_shift (a constant added to every reward, in [-100, 100]) and sparse_rewards (1 for the best
+    action, 0 otherwise) are the two variants of the article's section 10.3; the defaults are the
+    article's table.
 
     rows: list of dicts with the CSV columns (row 0 = initial evaluation), one per outer iteration.
     settings: the hyperparameters that apply to this algorithm, the seed, versions and (DPO) the
@@ -1164,7 +1180,10 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     if algorithm in ("grpo", "cispo") and group_size * grpo_prompts > MAX_GROUP_ACTIONS:
         raise ValueError(f"group_size: group_size * grpo_prompts = {group_size * grpo_prompts} actions per iteration, "
                          f"more than {MAX_GROUP_ACTIONS}")
-    rewards = reward_table()
+    reward_shift = check_real("reward_shift", reward_shift, low=-100.0, high=100.0)
+    if not isinstance(sparse_rewards, bool):
+        raise ValueError(f"sparse_rewards: expected True or False, got {sparse_rewards!r}")
+    rewards = reward_table(sparse_rewards, reward_shift)
     pairs = preference_pairs(rewards)
     if preference_flips > pairs.shape[0]:
         raise ValueError(f"preference_flips: expected an integer in [0, {pairs.shape[0]}], got {preference_flips}")
@@ -1172,7 +1191,7 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
         raise ValueError(f"preference_flips: only applies to dpo, got {preference_flips} with {algorithm}")
 
     # setup
-    settings = _settings(algorithm, steps, seed, group_size, grpo_prompts)
+    settings = _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)  # the one seeding point of the run
     logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE, requires_grad=True)
     reference_logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE)  # frozen uniform
@@ -1603,6 +1622,11 @@ def build_parser():
     parser.add_argument("--preference-flips", type=int_flag(0, 12), default=0,
                         help="DPO only: number of the 12 offline pairs whose chosen/rejected are swapped for the "
                              "whole run, integer in [0, 12]; with 'all' it applies to dpo alone")
+    parser.add_argument("--reward-shift", type=float_flag(-100.0, 100.0), default=0.0,
+                        help="a constant added to every reward (section 10.3 of the article: GRPO's advantages do "
+                             "not move, PPO's critic must relearn), number in [-100, 100]")
+    parser.add_argument("--sparse-rewards", action="store_true",
+                        help="reward 1 for each context's best action and 0 otherwise (section 10.3)")
     parser.add_argument("--json", action="store_true",
                         help="with --algorithm atoms: print the values as JSON instead of the compact text")
     parser.add_argument("--output", default="results",
@@ -1631,6 +1655,7 @@ def main(argv=None):
         rows, settings = train(
             algorithm, steps=args.steps, seed=args.seed, group_size=args.group_size,
             preference_flips=args.preference_flips if algorithm == "dpo" else 0, grpo_prompts=args.grpo_prompts,
+            reward_shift=args.reward_shift, sparse_rewards=args.sparse_rewards,
         )
         columns = DPO_COLUMNS if algorithm == "dpo" else COLUMNS
         csv_path = os.path.join(args.output, f"{algorithm}.csv")
