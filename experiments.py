@@ -577,6 +577,14 @@ def experiments():
 # ---------------------------------------------------------------------------------------------
 
 
+def _worker_signals():
+    """A worker leaves Ctrl-C to the main process and ends quietly when the pool is terminated."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _run_job(job):
     """Worker entry: (experiment name, global index, label, seed, runner, options) -> (index, seconds, result)."""
     name, index, label, seed, runner, options = job
@@ -701,7 +709,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
         iterator = map(_run_job, all_jobs)
     else:  # fork where it exists: the workers inherit the imported modules instead of importing torch again
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        pool = context.Pool(min(jobs_count, len(all_jobs)))
+        pool = context.Pool(min(jobs_count, len(all_jobs)), initializer=_worker_signals)
         iterator = pool.imap_unordered(_run_job, all_jobs)
     try:
         for done, (index, seconds, result) in enumerate(iterator, start=1):

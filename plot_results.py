@@ -802,8 +802,9 @@ def _experiment_panel_bars(axis, summary, metrics, colors, log_scale):
     for index, row in enumerate(summary):
         positions = [group + (index - (len(configurations) - 1) / 2) * width for group in range(len(metrics))]
         means = [row[f"{metric}_mean"] for metric in metrics]
-        low = [row[f"{metric}_mean"] - row[f"{metric}_min"] for metric in metrics]
-        high = [row[f"{metric}_max"] - row[f"{metric}_mean"] for metric in metrics]
+        # max(0, ...): the mean of equal values can round a hair beyond them
+        low = [max(0.0, row[f"{metric}_mean"] - row[f"{metric}_min"]) for metric in metrics]
+        high = [max(0.0, row[f"{metric}_max"] - row[f"{metric}_mean"]) for metric in metrics]
         if log_scale:  # an exact identity is a rounding error near 1e-16: drawn at the floor, not as "0"
             means = [max(abs(value), 1e-17) for value in means]
             low, high = [0.0] * len(metrics), [0.0] * len(metrics)
