@@ -1,7 +1,7 @@
 """What TRL and verl call each setting of the online driver: the "trl" and "verl" blocks of every
 online.json, and the table in README.txt.
 
-    python library_map.py                 # prints the README table: lab setting -> TRL -> verl -> difference
+    python library_map.py                 # prints README's table: lab setting -> TRL, verl, what still differs
 
 For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}. Each block holds
 "options" (the option names and values that configure the same computation there; None when the
@@ -316,12 +316,10 @@ TABLE = [
 
 
 def readme_table():
-    """TABLE as aligned plain text for README.txt."""
-    widths = [max(len(row[column]) for row in TABLE) for column in range(3)]
-    header = ("lab setting", "TRL", "verl", "what still differs")
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(header[:3], widths)) + "  " + header[3]]
-    for row in TABLE:
-        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + "  " + row[3])
+    """TABLE as plain text for README.txt: one block per lab setting (four columns would not fit 100)."""
+    lines = []
+    for setting, trl, verl, note in TABLE:
+        lines += [f"    {setting}", f"        TRL:  {trl}", f"        verl: {verl}", f"        note: {note}"]
     return "\n".join(lines) + "\n"
 
 

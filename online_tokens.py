@@ -679,7 +679,7 @@ def ppo_advantages(run_config, critic, batch):
     lengths = mask.sum(dim=1)  # (N,)
     last = lengths - 1
     rows = torch.arange(mask.shape[0])
-    token_rewards = torch.where(mask, token_rewards, torch.zeros_like(token_rewards))
+    token_rewards = torch.where(mask, token_rewards, torch.zeros_like(token_rewards)) + 0.0  # + 0.0: no -0.0
     token_rewards[rows, last] += batch["rewards"]
     next_values = torch.zeros_like(values)
     next_values[:, :-1] = values[:, 1:]  # V(s_{t+1}) inside the response
