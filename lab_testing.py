@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import io
 import json
 import math
+import multiprocessing
 import os
 from unittest import mock
 
@@ -113,3 +115,22 @@ def describe_differences(relative, found):
     return (f"{relative} differs from a fresh default run beyond the relative tolerance {COMMITTED_RTOL}: {shown}. "
             "If you ran a documented command with other flags into this path, restore it with "
             f"`git checkout -- {relative}`; if the code changed a default run on purpose, regenerate and commit it.")
+
+
+def _call(job):
+    module, function, args, kwargs = job
+    from lab_checks import torch_threads
+
+    with torch_threads(1):
+        return getattr(importlib.import_module(module), function)(*args, **kwargs)
+
+
+def parallel_calls(jobs):
+    """[(module, function, args, kwargs)] -> results in order, spread over the machine's cores (fork). The
+    runs are deterministic and single-threaded, so the results do not depend on where they ran; this only
+    shortens the learning tests, which train dozens of runs."""
+    workers = min(os.cpu_count() or 1, len(jobs))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_call(job) for job in jobs]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(_call, jobs, chunksize=1)

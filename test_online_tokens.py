@@ -16,7 +16,7 @@ import torch
 
 import online_tokens
 from lab_checks import torch_threads
-from lab_testing import run_main
+from lab_testing import parallel_calls, run_main
 from rl_lab import DTYPE, grpo_policy_loss
 
 _THREADS = torch_threads(1)  # the tensors are tiny: one thread, as the drivers use
@@ -600,7 +600,21 @@ class GroupFamilySwitches(unittest.TestCase):
 LEARNING_SEEDS = (0, 7, 19)
 
 
+LEARNING_RUNS = [{"algorithm": algorithm} for algorithm in online_tokens.FOUR_ALGORITHMS] + [
+    {"algorithm": "gspo"}, {"algorithm": "sapo"}, {"advantage": "rloo"}, {"scale_rewards": "none"},
+    {"scale_rewards": "batch"}, {"epsilon_high": 0.28}, {"dual_clip": 3.0}, {"kl_estimator": "k1"},
+    {"kl_estimator": "k2"}, {"dynamic_sampling": True}, {"algorithm": "dpo", "offline": True}]
+
+
 class Learning(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):  # the 45 runs at once, over the machine's cores (each deterministic)
+        jobs = [(options, seed) for options in LEARNING_RUNS for seed in LEARNING_SEEDS]
+        results = parallel_calls([("online_tokens", "train", (), {"seed": seed, **options}) for options, seed in jobs])
+        for (options, seed), result in zip(jobs, results):
+            key = tuple(sorted({"seed": seed, **options}.items()))
+            _ONLINE_CACHE.setdefault(key, result)
+
     def assert_learns(self, options, seeds=LEARNING_SEEDS, threshold=0.9):
         for seed in seeds:
             with self.subTest(seed=seed, **options):

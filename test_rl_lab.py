@@ -22,7 +22,7 @@ import ppo_chain
 import rl_lab
 import token_objectives
 from lab_checks import torch_threads
-from lab_testing import run_main
+from lab_testing import parallel_calls, run_main
 from rl_lab import (
     DTYPE,
     categorical_kl,
@@ -948,6 +948,10 @@ class Bandit(unittest.TestCase):
                 )
 
     def test_all_four_algorithms_learn_on_three_seeds(self):
+        jobs = [(algorithm, seed) for algorithm in rl_lab.ALGORITHMS for seed in (0, 7, 19)]
+        results = parallel_calls([("rl_lab", "train", (algorithm,), {"seed": seed}) for algorithm, seed in jobs])
+        for (algorithm, seed), result in zip(jobs, results):  # over the cores; each run is deterministic
+            _TRAIN_CACHE.setdefault((algorithm, (("seed", seed),)), result)
         for algorithm in rl_lab.ALGORITHMS:
             for seed in (0, 7, 19):
                 with self.subTest(algorithm=algorithm, seed=seed):
