@@ -26,6 +26,22 @@ COMMITTED_RTOL = 1e-12
 COMMITTED_ATOL = 1e-15
 
 
+def single_thread_module():
+    """(setUpModule, tearDownModule) for a test file: one torch thread while its tests run, as the
+    drivers train (the tensors are tiny), and the caller's thread count restored afterwards."""
+    from lab_checks import torch_threads
+
+    guard = torch_threads(1)
+    return (lambda: guard.__enter__()), (lambda: guard.__exit__(None, None, None))
+
+
+def float64(values, **kwargs):
+    """A float64 tensor of `values` (the lab's dtype), the tests' shorthand."""
+    import torch
+
+    return torch.tensor(values, dtype=torch.float64, **kwargs)
+
+
 def run_main(main, argv, env=None):
     """Run a driver's main(argv) in-process; return (exit_code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

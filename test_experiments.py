@@ -16,18 +16,9 @@ import torch
 
 import experiments
 import online_tokens
-from lab_checks import torch_threads
-from lab_testing import run_main
+from lab_testing import run_main, single_thread_module
 
-_THREADS = torch_threads(1)
-
-
-def setUpModule():
-    _THREADS.__enter__()
-
-
-def tearDownModule():
-    _THREADS.__exit__(None, None, None)
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
 
 def rows_of(text):

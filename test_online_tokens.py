@@ -15,11 +15,11 @@ import unittest
 import torch
 
 import online_tokens
-from lab_checks import torch_threads
-from lab_testing import parallel_calls, run_main
+from lab_testing import float64, parallel_calls, run_main, single_thread_module
 from rl_lab import DTYPE, grpo_policy_loss
 
-_THREADS = torch_threads(1)  # the tensors are tiny: one thread, as the drivers use
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+t = float64
 
 
 def rollout_with_advantages(state):
@@ -27,16 +27,6 @@ def rollout_with_advantages(state):
     return online_tokens.compute_advantages(state, online_tokens.rollout(state))
 
 
-def setUpModule():
-    _THREADS.__enter__()
-
-
-def tearDownModule():
-    _THREADS.__exit__(None, None, None)
-
-
-def t(values, **kwargs):
-    return torch.tensor(values, dtype=DTYPE, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

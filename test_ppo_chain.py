@@ -15,23 +15,11 @@ from unittest import mock
 import torch
 
 import ppo_chain
-from lab_checks import torch_threads
-from lab_testing import run_main
+from lab_testing import float64, run_main, single_thread_module
 from rl_lab import DTYPE, SEED_LIMIT
 
-_THREADS = torch_threads(1)  # the tensors are tiny: one thread, as the drivers use
-
-
-def setUpModule():
-    _THREADS.__enter__()
-
-
-def tearDownModule():
-    _THREADS.__exit__(None, None, None)
-
-
-def t(values, **kwargs):
-    return torch.tensor(values, dtype=DTYPE, **kwargs)
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+t = float64
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,19 +13,10 @@ import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
-from lab_checks import torch_threads
 from lab_io import csv_text, json_text
-from lab_testing import committed_differences, describe_differences
+from lab_testing import committed_differences, describe_differences, single_thread_module
 
-_THREADS = torch_threads(1)
-
-
-def setUpModule():
-    _THREADS.__enter__()
-
-
-def tearDownModule():
-    _THREADS.__exit__(None, None, None)
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
 
 class CommittedResults(unittest.TestCase):

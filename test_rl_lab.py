@@ -22,7 +22,7 @@ import ppo_chain
 import rl_lab
 import token_objectives
 from lab_checks import torch_threads
-from lab_testing import parallel_calls, run_main
+from lab_testing import float64, parallel_calls, run_main, single_thread_module
 from rl_lab import (
     DTYPE,
     categorical_kl,
@@ -48,19 +48,8 @@ from rl_lab import (
     truncated_importance_weights,
 )
 
-_THREADS = torch_threads(1)  # the tensors are tiny: one thread, as the drivers use
-
-
-def setUpModule():
-    _THREADS.__enter__()
-
-
-def tearDownModule():
-    _THREADS.__exit__(None, None, None)
-
-
-def t(values, **kwargs):
-    return torch.tensor(values, dtype=DTYPE, **kwargs)
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+t = float64
 
 
 _TRAIN_CACHE = {}
