@@ -50,6 +50,7 @@ from lab_io import (  # noqa: E402
 DTYPE = rl_lab.DTYPE
 TARGET = 0.9  # "learned": exact success probability (online) or best-action probability (bandit)
 LAST = 10  # iterations averaged for end-of-run statistics
+DEFAULT_SEEDS = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,12 +740,14 @@ def build_parser():
     )
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"experiments to run, or 'all': {names}")
     parser.add_argument("--list", action="store_true", help="name every experiment with one line, and stop")
-    parser.add_argument("--seeds", type=int_flag(1, 100), default=5,
+    parser.add_argument("--seeds", type=int_flag(1, 100), default=DEFAULT_SEEDS,
                         help="run seeds 0..N-1 of every configuration, integer in [1, 100] (default: 5)")
     parser.add_argument("--jobs", type=int_flag(1, 64), default=os.cpu_count() or 1,
                         help="worker processes, integer in [1, 64] (default: the machine's cores)")
-    parser.add_argument("--output", default="results-experiments",
-                        help="folder of the experiments' folders (default: results-experiments)")
+    parser.add_argument("--output", default=None,
+                        help="folder of the experiments' folders (default: results-experiments for the default 5 "
+                             "seeds, results-experiments-seeds<N> for another number, so that the committed "
+                             "atlas is only rewritten by the run that made it)")
     return parser
 
 
@@ -762,6 +765,8 @@ def main(argv=None):
     if unknown:
         parser.error(f"argument NAME: no experiment {unknown[0]!r} (expected one of: all, {', '.join(table)})")
     names = list(table) if "all" in args.names else list(dict.fromkeys(args.names))
+    if args.output is None:
+        args.output = "results-experiments" if args.seeds == DEFAULT_SEEDS else f"results-experiments-seeds{args.seeds}"
     output_folder_or_exit(parser, args.output)
     import plot_results  # matplotlib only now: --list and bad names stay quick
 

@@ -127,10 +127,11 @@ def committed_differences(relative, fresh_text):
 
 
 def describe_differences(relative, found):
-    shown = "; ".join(f"{where}: committed {old!r}, fresh {new!r}" for where, old, new in found)
+    shown = "; ".join(f"{where}: in the checkout {old!r}, fresh {new!r}" for where, old, new in found)
+    folder = os.path.dirname(relative) or relative
     return (f"{relative} differs from a fresh default run beyond the relative tolerance {COMMITTED_RTOL}: {shown}. "
-            "If you ran a documented command with other flags into this path, restore it with "
-            f"`git checkout -- {relative}`; if the code changed a default run on purpose, regenerate and commit it.")
+            "If a command with other flags wrote into this path, restore the committed files with "
+            f"`git checkout -- {folder}`; if the code changed a default run on purpose, regenerate and commit them.")
 
 
 def _call(job):

@@ -1219,8 +1219,9 @@ def build_parser():
                              "gspo, sapo); both may be given if they agree")
     parser.add_argument("--output", default=None,
                         help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
-                             "family, results-online-<algorithm> for ppo and dpo, results-online-all for all; "
-                             "created if missing)")
+                             "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
+                             "followed by every option that differs from its default, e.g. "
+                             "results-online-grpo-sequence-advantage-rloo; created when the files are written)")
     for flag, (key, kind, text) in FLAGS.items():
         if kind in ("store_true", "store_false"):
             parser.add_argument(flag, dest=key, action=kind, default=None, help=text)
@@ -1255,12 +1256,21 @@ def _options_from(parser, args):
 
 
 def default_output(algorithm, options):
+    """The folder a run writes when --output is not given: results-online-<algorithm>[-<reduction>], then
+    every other option that differs from its default (results-online-grpo-sequence-advantage-rloo), so
+    that only the default run writes the committed default folder."""
     if algorithm == "all":
-        return "results-online-all"
-    if algorithm in GROUP_FAMILY:
+        name = "results-online-all"
+    elif algorithm in GROUP_FAMILY:
         reduction = "sequence" if algorithm == "gspo" else options.get("reduction", DEFAULTS["reduction"])
-        return f"results-online-{algorithm}-{reduction}"
-    return f"results-online-{algorithm}"
+        name = f"results-online-{algorithm}-{reduction}"
+    else:
+        name = f"results-online-{algorithm}"
+    for key, value in options.items():
+        if key != "reduction" and value != DEFAULTS[key]:
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            name += f"-{key.replace('_', '-')}-{shown}"
+    return name
 
 
 def summary_text(rows, report, seconds):

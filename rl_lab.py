@@ -1608,7 +1608,8 @@ def build_parser():
     )
     parser.add_argument(
         "--algorithm", choices=("atoms",) + ALGORITHMS + ("all",), default="all",
-        help="what to run: 'atoms' prints hand-checkable values of every atom as JSON and writes nothing; "
+        help="what to run: 'atoms' prints hand-checkable values of every atom as compact text (--json: as JSON) "
+             "and writes nothing; "
              "'all' trains ppo, dpo, grpo and cispo",
     )
     parser.add_argument("--steps", type=int_flag(1, MAX_STEPS), default=120,
