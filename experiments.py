@@ -579,10 +579,13 @@ def experiments():
 
 
 def _worker_signals():
-    """A worker leaves Ctrl-C to the main process and ends quietly when the pool is terminated."""
+    """A worker leaves Ctrl-C and SIGHUP to the main process (which stops the pool) and ends at once when
+    the pool is terminated: it must not inherit the main process's handlers, which raise."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

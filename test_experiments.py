@@ -122,6 +122,22 @@ class MechanismsAtReducedSize(unittest.TestCase):
                     len(rows) + 1 for _, rows in table[name].tables.values()))
 
 
+class Workers(unittest.TestCase):
+    def test_a_worker_leaves_the_stop_signals_to_the_main_process_and_dies_on_terminate(self):
+        import signal
+
+        names = ("SIGINT", "SIGHUP", "SIGTERM")
+        previous = {name: signal.getsignal(getattr(signal, name)) for name in names}
+        try:
+            experiments._worker_signals()
+            now = {name: signal.getsignal(getattr(signal, name)) for name in names}
+        finally:
+            for name, handler in previous.items():
+                signal.signal(getattr(signal, name), handler)
+        # a worker that inherited the main process's raising handlers could hang the pool on SIGHUP
+        self.assertEqual(now, {"SIGINT": signal.SIG_IGN, "SIGHUP": signal.SIG_IGN, "SIGTERM": signal.SIG_DFL})
+
+
 class CommandLine(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
