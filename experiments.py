@@ -17,9 +17,9 @@ single-threaded; the files do not depend on --jobs, and the same seeds give the 
 
 from __future__ import annotations
 
-from lab_io import exit_quietly_on_signals
-
 if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
     exit_quietly_on_signals()
 
 import math  # noqa: E402
@@ -38,6 +38,7 @@ import ppo_chain  # noqa: E402
 import rl_lab  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
+    HeldSignals,
     OneLineErrorParser,
     csv_text,
     int_flag,
@@ -317,6 +318,8 @@ def run_microbatch(seed):
     return {"metrics": metrics, "curve": []}
 
 
+EXPERIMENT_FILES = ("runs.csv", "curves.csv", "summary.csv", "summary.md", "settings.json", "figure.svg",
+                    "gradient_weight_by_successes.csv")
 STEP_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_bandit", "run_reward_shift", "run_chain")
 
 
@@ -580,9 +583,13 @@ def experiments():
 
 def _worker_signals():
     """A worker leaves Ctrl-C and SIGHUP to the main process (which stops the pool) and ends at once when
-    the pool is terminated: it must not inherit the main process's handlers, which raise."""
+    the pool is terminated: it must not inherit the main process's handlers, which raise. It leaves the
+    main process's group, so a signal to the group (a terminal's Ctrl-C, `kill -TERM -PGID`) reaches the
+    main process alone, and no worker dies while the pool could still start its replacement."""
     import signal
 
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
     for name in ("SIGINT", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -713,7 +720,10 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
         iterator = map(_run_job, all_jobs)
     else:  # fork where it exists: the workers inherit the imported modules instead of importing torch again
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        pool = context.Pool(min(jobs_count, len(all_jobs)), initializer=_worker_signals)
+        # the pool's own threads start with the stop signals blocked, so they always reach the main thread
+        # (whose handlers raise there, and whose file writes hold them back for their renames)
+        with HeldSignals():
+            pool = context.Pool(min(jobs_count, len(all_jobs)), initializer=_worker_signals)
         iterator = pool.imap_unordered(_run_job, all_jobs)
     try:
         for done, (index, seconds, result) in enumerate(iterator, start=1):
@@ -771,9 +781,25 @@ def main(argv=None):
     if args.output is None:
         args.output = "results-experiments" if args.seeds == DEFAULT_SEEDS else f"results-experiments-seeds{args.seeds}"
     output_folder_or_exit(parser, args.output)
+    for name in names:  # every experiment's folder, before any run
+        output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
     import plot_results  # matplotlib only now: --list and bad names stay quick
 
     written = []
+    closed = []
+
+    def progress(line):
+        """One progress line; a reader that went away (`| head`) stops the lines, not the run."""
+        if closed:
+            return
+        try:
+            print(line, flush=True)
+        except (BrokenPipeError, OSError, ValueError, AttributeError):
+            closed.append(True)
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
 
     def finished(name, experiment, jobs, results):
         folder = os.path.join(args.output, name)
@@ -781,11 +807,11 @@ def main(argv=None):
         files[os.path.join(folder, "figure.svg")] = plot_results.experiment_figure_bytes(files, ".svg")
         write_files(files)  # one experiment's files together: its folder holds all of them or none
         written.append(folder)
-        print(f"-> {folder}: {', '.join(sorted(os.path.basename(path) for path in files))}", flush=True)
+        progress(f"-> {folder}: {', '.join(sorted(os.path.basename(path) for path in files))}")
 
     started = time.perf_counter()
-    run_experiments(names, args.seeds, args.jobs, finished, report=lambda line: print(line, flush=True))
-    print(f"{len(written)} experiment(s), {time.perf_counter() - started:.1f} s on {args.jobs} worker(s)")
+    run_experiments(names, args.seeds, args.jobs, finished, report=progress)
+    progress(f"{len(written)} experiment(s), {time.perf_counter() - started:.1f} s on {args.jobs} worker(s)")
     return 0
 
 

@@ -31,6 +31,8 @@ import stat
 import sys
 import uuid
 
+from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
+
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
 _TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-[0-9a-f]{12}\Z")
 _INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
@@ -278,8 +280,9 @@ def _remove_folders(created):
             pass
 
 
-class _HeldSignals:
-    """Hold Ctrl-C and SIGTERM back while the renames run (microseconds); they arrive right after."""
+class HeldSignals:
+    """Hold Ctrl-C, SIGTERM and SIGHUP back in this thread (and in every thread it starts meanwhile, which
+    inherit the mask) for a block of microseconds; they arrive right after it."""
 
     def __enter__(self):
         self.held = hasattr(signal, "pthread_sigmask")
@@ -326,7 +329,7 @@ def write_files(files):
                         handle.write(text)
             except OSError as error:
                 raise WriteFailed(f"cannot write {path!r}: {error.strerror or error}") from None
-        with _HeldSignals():
+        with HeldSignals():
             for temporary, path in staged:
                 try:
                     os.replace(temporary, path)
@@ -374,18 +377,6 @@ def _program():
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "rl-lab"
 
 
-def _exit_at_once(signum, frame):
-    os.write(2, f"{_program()}: interrupted while starting: nothing was written\n".encode())
-    os._exit(128 + signum)
-
-
-def exit_quietly_on_signals():
-    """For a program's start-up (importing torch takes about a second): Ctrl-C, SIGTERM or SIGHUP end
-    the process at once with one line. `run_cli` replaces these handlers once main() runs."""
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _exit_at_once)
-
-
 def _raise_terminated(signum, frame):
     raise Terminated(signum)
 
@@ -394,13 +385,15 @@ def _say(text):
     try:
         sys.stderr.write(one_line(text) + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
         pass
 
 
 def _settle_stdout():
     """Flush what main() printed; if stdout is closed or full, point it at the null device so that the
     interpreter's own flush at exit cannot print a second error."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): print() already wrote nothing
+        return None
     try:
         sys.stdout.flush()
         return None
@@ -438,7 +431,7 @@ def run_cli(main_function):
 
 def _run(main_function):
     for stream in (sys.stdout, sys.stderr):
-        try:
+        try:  # (a closed stream is None: AttributeError)
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):
             pass

@@ -22,9 +22,9 @@ positions (max_new_tokens), V vocabulary, P prompts of the task, S = V+1 previou
 
 from __future__ import annotations
 
-from lab_io import exit_quietly_on_signals
-
 if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
     exit_quietly_on_signals()
 
 import math  # noqa: E402
@@ -363,6 +363,12 @@ def config(**options):
             raise ValueError(f"{name}: expected True or False, got {s[name]!r}")
     if s["advantage"] == "rloo" and "scale_rewards" in options and s["scale_rewards"] != "group":
         raise ValueError("scale_rewards: RLOO divides by no std; it applies to advantage='grpo' only")
+    # an option that another option switches off would change nothing: an error, not a silent no-op
+    for key, needs, holds in (("label_smoothing", "dpo_loss", ("cdpo", "robust")), ("simpo_gamma", "dpo_loss", ("simpo",)),
+                              ("max_resample_rounds", "dynamic_sampling", (True,)),
+                              ("cap_value", "truncation", ("bootstrap",))):
+        if key in options and s[needs] not in holds:
+            raise ValueError(f"{key}: applies only with {needs} {' or '.join(map(str, holds))}, got {s[needs]}")
     # per-algorithm defaults
     if s["epsilon"] is None:
         s["epsilon"] = 3e-4 if algorithm == "gspo" else 0.2
@@ -379,8 +385,9 @@ def config(**options):
         check_real("epsilon_high", s["epsilon_high"], low=0.0, high=high, low_open=algorithm == "cispo")
     if s["dual_clip"] is not None:
         check_real("dual_clip", s["dual_clip"], low=1.0, high=1e6, low_open=True)
-    for name in ("tau_pos", "tau_neg", "dpo_beta"):
+    for name in ("tau_pos", "tau_neg"):
         check_real(name, s[name], low=0.0, high=100.0, low_open=True)
+    check_real("dpo_beta", s["dpo_beta"], low=1e-6, high=100.0)
     check_real("label_smoothing", s["label_smoothing"], low=0.0, high=0.5, high_open=True)
     check_real("simpo_gamma", s["simpo_gamma"], low=0.0, high=100.0)
     check_real("gamma", s["gamma"], low=0.0, high=1.0)
@@ -746,6 +753,8 @@ class TrainingDiverged(FloatingPointError):
 def _check_exponents(logps, batch, kept):
     """Raise TrainingDiverged before exp() of a log-ratio (ratio) or of ref - logp (k3) overflows."""
     limit = exp_limit(logps.dtype)  # about 708.8 nats in float64: the atoms' own limit
+    if not bool(kept.any()):
+        return
     largest = max((logps - batch["old_logps"])[kept].max().item(), (batch["ref_logps"] - logps)[kept].max().item())
     if largest > limit:
         raise TrainingDiverged(
@@ -814,6 +823,8 @@ def update_group(state, batch):
         if batch["importance_weights"] is not None:
             kwargs["importance_weights"] = batch["importance_weights"]
     loss_fn = GROUP_LOSSES[algorithm]
+    if not bool(kept.any()):  # every response masked out (all truncated, --mask-truncated): nothing to learn
+        return {"loss": 0.0, "ratio_min": 0.0, "ratio_max": 0.0}
     signs = batch["advantages"].unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
     losses, ratios, diagnostics = [], [], []
     for epoch in range(run_config["updates_per_batch"]):
@@ -1189,8 +1200,8 @@ FLAGS = {  # flag -> (config key, argparse type or "store_true", help); defaults
     # DPO
     "--dpo-loss": ("dpo_loss", tuple(DPO_LOSSES), "dpo: sigmoid (DPO), ipo, hinge (SLiC), cdpo (label "
                    "smoothing), robust (rDPO), simpo (no reference, length-averaged)"),
-    "--dpo-beta": ("dpo_beta", float_flag(0.0, 100.0, low_open=True), "dpo: beta of the loss (default 0.5; "
-                   "simpo 2.0)"),
+    "--dpo-beta": ("dpo_beta", float_flag(1e-6, 100.0), "dpo: beta of the loss, number in [1e-6, 100] "
+                   "(default 0.5; ipo and hinge 0.1; simpo 2.0)"),
     "--label-smoothing": ("label_smoothing", float_flag(0.0, 0.5, high_open=True), "dpo cdpo/robust: the "
                           "believed label-flip rate e in [0, 0.5) (default 0)"),
     "--simpo-gamma": ("simpo_gamma", float_flag(0.0, 100.0), "dpo simpo: the target margin gamma "
@@ -1316,6 +1327,9 @@ def main(argv=None):
     folders = {name: os.path.join(output, name) if algorithm == "all" else output for name in names}
     output_folder_or_exit(parser, output, ["comparison.csv", "comparison.md"] if algorithm == "all" else
                           ["online.csv", "online.json"])
+    if algorithm == "all":  # each algorithm's folder too, before any training
+        for name in names:
+            output_folder_or_exit(parser, folders[name], ["online.csv", "online.json"])
     files, summaries, comparison, timings = {}, [], [], []
     for name in names:
         try:

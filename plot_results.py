@@ -20,9 +20,9 @@ PLOTTERS, plus the file that marks its folders in FOLDER_MARKERS.
 
 from __future__ import annotations
 
-from lab_io import exit_quietly_on_signals
-
 if __name__ == "__main__":  # first: a Ctrl-C while matplotlib loads below ends with one line
+    from lab_start import exit_quietly_on_signals
+
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
@@ -825,9 +825,31 @@ def _experiment_panel_bars(axis, summary, metrics, colors, log_scale):
                    "|mean| over seeds, log scale")
 
 
-def experiment_figure(settings, summary, curves):
+def _check_experiment(settings, summary, curves, where):
+    """Refuse, naming the file, what experiments.py would not have written."""
+    if not summary:
+        raise PlotInputError(f"{where}/summary.csv: no data rows")
+    spec = settings.get("figure") or {}
+    if not isinstance(spec, dict) or not isinstance(settings.get("metrics", []), list):
+        raise PlotInputError(f"{where}/settings.json: 'figure' must be an object and 'metrics' a list")
+    bars = spec.get("bars") or [settings.get("metrics", [])[:3]]
+    needed = [f"{metric}_{stat}" for panel in bars for metric in panel for stat in ("mean", "min", "max")]
+    for line, row in enumerate(summary, start=2):
+        if not isinstance(row.get("configuration"), str):
+            raise PlotInputError(f"{where}/summary.csv: line {line}: no configuration")
+        for name in needed:
+            value = row.get(name)
+            if not isinstance(value, float) or not math.isfinite(value):
+                raise PlotInputError(f"{where}/summary.csv: line {line}: {name} is missing or not a finite number")
+    for line, row in enumerate(curves, start=2):
+        if not isinstance(row.get("step"), float) or not isinstance(row.get("configuration"), str):
+            raise PlotInputError(f"{where}/curves.csv: line {line}: step or configuration is missing or not a number")
+
+
+def experiment_figure(settings, summary, curves, where="experiment"):
     """The figure of one experiment from its parsed files: a panel per curve column (mean over seeds, band
     min-max), then the summary's bar panels (settings["figure"]["bars"], log scale where asked)."""
+    _check_experiment(settings, summary, curves, where)
     spec = settings.get("figure") or {}
     bar_panels = spec.get("bars") or [settings.get("metrics", [])[:3]]
     log_panels = spec.get("log") or [False] * len(bar_panels)
@@ -882,7 +904,7 @@ def plot_experiment(folders):
     if "summary.csv" not in texts:
         raise PlotInputError(f"{folder}: settings.json but no summary.csv")
     return experiment_figure(settings, _rows_from_text(texts["summary.csv"], "summary.csv"),
-                             _rows_from_text(texts.get("curves.csv", ""), "curves.csv"))
+                             _rows_from_text(texts.get("curves.csv", ""), "curves.csv"), folder)
 
 
 # kind (see detect_kind) -> function(list of input paths) -> matplotlib Figure

@@ -15,9 +15,9 @@ responses, T tokens (or time steps), V vocabulary, X contexts, A actions, R resp
 
 from __future__ import annotations
 
-from lab_io import exit_quietly_on_signals
-
 if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
@@ -187,7 +187,10 @@ def _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check):
                         ("ref_rejected", ref_rejected)])
         beta = check_real("beta", beta, low=0.0, low_open=True)
     ref_margin = ref_chosen.detach() - ref_rejected.detach()
-    return beta * ((chosen - rejected) - ref_margin)
+    logits = beta * ((chosen - rejected) - ref_margin)
+    if check and not bool(torch.isfinite(logits.detach()).all()):
+        raise ValueError(f"beta: beta * margin overflows {logits.dtype} (|beta * margin| beyond its largest value)")
+    return logits
 
 
 def _label_smoothing(label_smoothing, check):
@@ -231,7 +234,7 @@ def ipo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True
     """
     margin = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, 1.0, check)
     if check:
-        beta = check_real("beta", beta, low=0.0, low_open=True)
+        beta = check_real("beta", beta, low=1e-12, high=1e12)  # the target 1/(2 beta) must stay finite
     return (margin - 1.0 / (2.0 * beta)).square()
 
 
@@ -259,6 +262,8 @@ def cdpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smooth
     """
     logits = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check)
     e = _label_smoothing(label_smoothing, check)
+    if e == 0:  # exactly dpo_loss (and no 0 * inf where the margin is huge)
+        return -F.logsigmoid(logits)
     return (1.0 - e) * -F.logsigmoid(logits) + e * -F.logsigmoid(-logits)
 
 
@@ -273,6 +278,8 @@ def robust_dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_
     """
     logits = _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check)
     e = _label_smoothing(label_smoothing, check)
+    if e == 0:  # exactly dpo_loss
+        return -F.logsigmoid(logits)
     return ((1.0 - e) * -F.logsigmoid(logits) - e * -F.logsigmoid(-logits)) / (1.0 - 2.0 * e)
 
 
@@ -352,7 +359,9 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
     if not bool(torch.isfinite(population_std).all() and torch.isfinite(mean).all()):
         # the squares overflowed: dividing by an inf std would turn every advantage into 0
         raise ValueError(f"rewards: values too large, their std overflows {rewards.dtype} (rescale the rewards)")
-    return centered / (population_std + epsilon)
+    # where(), not a plain division: in float16 an epsilon of 1e-8 rounds to 0, and a constant row's 0/0
+    # would be NaN; the constant rows are exact zeros either way
+    return torch.where(constant_group, torch.zeros_like(rewards), centered / (population_std + epsilon))
 
 
 def group_relative_advantages(rewards, num_generations, eps=1e-4, scale="group", *, check=True):

@@ -301,6 +301,11 @@ class OnlineCLI(unittest.TestCase):
             ("--loss", ["--algorithm", "ppo", "--loss", "grpo"]),  # two names for two algorithms
             ("--algorithm", ["--algorithm", "reinforce"]),
             ("--truncation", ["--algorithm", "ppo", "--truncation", "never"]),
+            ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.2"]),  # sigmoid ignores it
+            ("--simpo-gamma", ["--algorithm", "dpo", "--simpo-gamma", "1"]),
+            ("--max-resample-rounds", ["--max-resample-rounds", "3"]),  # without --dynamic-sampling
+            ("--cap-value", ["--algorithm", "ppo", "--truncation", "terminal", "--cap-value", "shared"]),
+            ("--dpo-beta", ["--algorithm", "dpo", "--dpo-loss", "ipo", "--dpo-beta", "1e-160"]),
         ]
         for flag, argv in cases:
             with self.subTest(argv=argv):
@@ -400,7 +405,8 @@ class TokenPPO(unittest.TestCase):
             for truncation in ("bootstrap", "terminal"):
                 with self.subTest(cap_value=cap_value, truncation=truncation):
                     run_config = online_tokens.config(algorithm="ppo", max_new_tokens=4, beta=0.1, gamma=0.9,
-                                                      gae_lambda=0.8, truncation=truncation, cap_value=cap_value)
+                                                      gae_lambda=0.8, truncation=truncation)
+                    run_config["cap_value"] = cap_value  # config() refuses it with terminal: it changes nothing
                     advantages, returns, values, _, _ = online_tokens.ppo_advantages(run_config, critic, batch)
                     for n in range(3):
                         length = int(batch["mask"][n].sum())
@@ -547,6 +553,13 @@ class GroupFamilySwitches(unittest.TestCase):
         self.assertEqual(logps.grad[batch["truncated"]].abs().max().item(), 0.0)
         row = online_tokens.record(state, batch, online_tokens.update(state, batch), 1)
         self.assertEqual(row["masked_truncated"], int(batch["truncated"].sum()))
+
+    def test_a_batch_whose_every_response_is_masked_takes_no_step(self):
+        # with top-p 1e-9 only one token of the uniform start is ever sampled, a digit (ties sort to token 0):
+        # every response runs to the cap, is truncated and masked out
+        rows = online_tokens.train(steps=2, mask_truncated=True, rollout_top_p=1e-9)[0]
+        self.assertEqual([row["optimizer_steps"] for row in rows], [0, 0, 0])
+        self.assertEqual([row["masked_truncated"] for row in rows[1:]], [64, 64])
 
     def test_dynamic_sampling_keeps_groups_that_vary_and_counts_every_response(self):
         state = online_tokens.setup(seed=7, dynamic_sampling=True)

@@ -226,6 +226,25 @@ class Plotter(unittest.TestCase):
         self.assertEqual(result.stderr, "")
         self.assertTrue(os.path.exists(self.path("chain.svg")))
 
+    def test_a_garbled_experiment_folder_is_one_line_naming_the_file(self):
+        import shutil
+
+        source = os.path.join(HERE, "results-experiments", "kl-estimators")
+        cases = [("summary.csv", "configuration,seeds\n", "no data rows"),
+                 ("settings.json", '{"experiment": "x", "metrics": ["nope"]}', "nope_mean is missing"),
+                 ("settings.json", '{"experiment": "x", "figure": 5}', "'figure' must be an object")]
+        for name, text, expected in cases:
+            with self.subTest(file=name, expected=expected):
+                folder = self.path(f"garbled-{len(expected)}")
+                shutil.copytree(source, folder)
+                with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("g.svg")])
+                self.assertEqual(code, 1)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(expected, stderr)
+                self.assertIn(name if name != "settings.json" or "nope" not in text else "summary.csv", stderr)
+
     def test_a_pipe_or_a_device_as_input_is_refused_and_creates_nothing(self):
         os.makedirs(self.path("fifo"))
         os.mkfifo(self.path("fifo", "ppo.csv"))  # reading it would block forever

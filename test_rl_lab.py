@@ -866,6 +866,19 @@ class DPOFamily(unittest.TestCase):
             self.assertAlmostEqual(self.loss(rl_lab.cdpo_loss, margin, beta=0.1, label_smoothing=e),
                                    -(1 - e) * math.log(sigmoid) - e * math.log(1 - sigmoid), places=13)
 
+    def test_huge_margins_and_float16_constant_groups_give_no_nan(self):
+        huge = t([-1e308])
+        # label smoothing 0 is DPO exactly, even where e * -logsigmoid(-x) would be 0 * inf
+        self.assertEqual(rl_lab.cdpo_loss(t([0.0]), t([0.0]), t([0.0]), t([0.0]), beta=0.1).item(), math.log(2.0))
+        for fn in (rl_lab.cdpo_loss, rl_lab.robust_dpo_loss):
+            with self.subTest(loss=fn.__name__), self.assertRaisesRegex(ValueError, "^beta: beta \\* margin overflows"):
+                fn(t([0.0]), huge, huge, t([0.0]), beta=10.0)
+        half = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float16)  # eps 1e-8 rounds to 0 in float16
+        self.assertEqual(group_advantages(half).tolist(), [[0.0, 0.0], [-1.0, 1.0]])
+        self.assertEqual(group_advantages(half[:1], scale="batch").tolist(), [[0.0, 0.0]])
+        with self.assertRaisesRegex(ValueError, "^beta"):
+            rl_lab.ipo_loss(t([0.0]), t([0.0]), t([0.0]), t([0.0]), beta=1e-320)
+
     def test_simpo_has_no_reference_and_a_margin(self):
         self.assertAlmostEqual(rl_lab.simpo_loss(t([-1.0]), t([-2.0]), beta=2.0, gamma=0.5).item(),
                                math.log1p(math.exp(-1.5)), places=14)

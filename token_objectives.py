@@ -23,9 +23,9 @@ P prompt tokens, R completion positions.
 
 from __future__ import annotations
 
-from lab_io import exit_quietly_on_signals
-
 if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
