@@ -35,6 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import online_tokens  # noqa: E402
 import ppo_chain  # noqa: E402
+from policies import logps_of_tokens  # noqa: E402
 import rl_lab  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
@@ -70,22 +71,8 @@ def _tail_mean(rows, column, positive_only=False):
 
 
 def online_metrics(rows):
-    """End-of-run statistics of an online run."""
-    reached = next((row for row in rows if row["success_probability"] >= TARGET), None)
-    return {
-        "final_success": rows[-1]["success_probability"],
-        "best_success": max(row["success_probability"] for row in rows),
-        "iterations_to_0.9": reached["step"] if reached else -1,
-        "tokens_to_0.9": reached["total_tokens_sampled"] if reached else -1,
-        "total_tokens": rows[-1]["total_tokens_sampled"],
-        "responses": sum(row["responses_sampled"] for row in rows),
-        "kl_reference": rows[-1]["kl_reference"],
-        "correct_length": _tail_mean(rows, "mean_correct_length", positive_only=True),
-        "wrong_length": _tail_mean(rows, "mean_wrong_length", positive_only=True),
-        "clip_fraction": math.fsum(row["clip_fraction"] for row in rows[1:]) / (len(rows) - 1),
-        "entropy_last": _tail_mean(rows, "entropy"),
-        "zero_group_fraction": math.fsum(row["zero_group_fraction"] for row in rows[1:]) / (len(rows) - 1),
-    }
+    """End-of-run statistics of an online run (online_tokens.run_summary; -1: never reached 0.9)."""
+    return {name: -1 if value is None else value for name, value in online_tokens.run_summary(rows).items()}
 
 
 def run_online(seed, curve=(), **options):
@@ -95,30 +82,30 @@ def run_online(seed, curve=(), **options):
             "curve": [{"step": row["step"], **{name: row[name] for name in curve}} for row in rows]}
 
 
-def reward_distribution(table, temperature):
-    """(P, 3) exact probabilities of the rewards 0, 0.25 and 1 for each prompt, by walking every response
-    (at most 2**R + 2**R - 1 of them) through the tempered table."""
-    logp = torch.log_softmax(table.detach() / temperature, dim=-1)  # (P, R, S, V)
+def reward_distribution(state):
+    """(P, 3) exact probabilities of the rewards 0, 0.25 and 1 for each prompt under the run's current
+    table policy, by walking every response (at most 2**R + 2**R - 1 of them) through the tempered table."""
+    task, table = state.task, state.policy.table.detach()
+    logp = torch.log_softmax(table / state.cfg.temperature, dim=-1)  # (P, R, S, V)
     prompts, length = table.shape[0], table.shape[1]
+    bos_state = state.policy.bos_state
     distribution = torch.zeros(prompts, 3, dtype=DTYPE)
     for prompt in range(prompts):
-        answer = list(online_tokens.ANSWERS[prompt])
         stack = [([], 0.0)]  # (tokens so far, log-prob)
         while stack:
             tokens, lp = stack.pop()
             position = len(tokens)
-            previous = tokens[-1] if tokens else online_tokens.BOS_STATE
-            for token in range(len(online_tokens.VOCAB)):
+            previous = tokens[-1] if tokens else bos_state
+            for token in range(len(task.vocab)):
                 step_lp = lp + logp[prompt, position, previous, token].item()
-                if token == online_tokens.EOS:
-                    reward = online_tokens._score(prompt, tokens + [token], False)
+                if token == task.eos_id:
+                    reward = task.verify(prompt, tokens + [token], False)
                 elif position + 1 == length:
-                    reward = online_tokens._score(prompt, tokens + [token], True)
+                    reward = task.verify(prompt, tokens + [token], True)
                 else:
                     stack.append((tokens + [token], step_lp))
                     continue
                 distribution[prompt, {0.0: 0, 0.25: 1, 1.0: 2}[reward]] += math.exp(step_lp)
-        del answer
     return distribution
 
 
@@ -126,17 +113,17 @@ def run_zero_variance(seed, **options):
     """An online run that also predicts each batch's share of zero-variance groups from the exact
     reward distribution of the policy that sampled it: per group, sum over reward values v of q_v ** G."""
     state = online_tokens.setup(seed=seed, **options)
-    group_size = state["config"]["group_size"]
-    previous = {"q": reward_distribution(state["table"], state["config"]["temperature"])}
+    group_size = state.cfg.group_size
+    previous = {"q": reward_distribution(state)}
     curve = []
 
-    def observe(state, batch, row):
-        prompts = batch["prompts"].reshape(-1, group_size)[:, 0]  # (B,) one per group
+    def observe(state, batch, credit, row):
+        prompts = batch.prompts.reshape(-1, group_size)[:, 0]  # (B,) one per group
         predicted = (previous["q"][prompts] ** group_size).sum(dim=1).mean().item()
         curve.append({"step": row["step"], "zero_group_fraction": row["zero_group_fraction"],
                       "predicted_zero_group_fraction": predicted, "success_probability": row["success_probability"],
                       "total_tokens_sampled": row["total_tokens_sampled"]})
-        previous["q"] = reward_distribution(state["table"], state["config"]["temperature"])
+        previous["q"] = reward_distribution(state)
 
     rows, _ = online_tokens.run(state, observe=observe)
     metrics = online_metrics(rows)
@@ -145,13 +132,9 @@ def run_zero_variance(seed, **options):
     return {"metrics": metrics, "curve": curve}
 
 
-def prompt_success(table, temperature):
-    """(P,) exact p(correct answer then EOS) of each prompt."""
-    ids, real = online_tokens.answer_table()
-    with torch.no_grad():
-        logps = online_tokens.token_logps(table.detach()[:, : ids.shape[1]], torch.arange(ids.shape[0]), ids,
-                                          temperature)
-        return torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()
+def prompt_success(state):
+    """(P,) exact p(correct answer then EOS) of each prompt under the run's current policy."""
+    return online_tokens.success_by_prompt(state.policy, state.solutions, state.task.prompt_count("train"))
 
 
 EASY, HARD = (0, 1), (4, 5)  # one-digit answers ("0", "1") and three-digit ones ("100", "101")
@@ -162,8 +145,8 @@ def run_std_scaling(seed, **options):
     state = online_tokens.setup(seed=seed, **options)
     curve = []
 
-    def observe(state, batch, row):
-        success = prompt_success(state["table"], state["config"]["temperature"])
+    def observe(state, batch, credit, row):
+        success = prompt_success(state)
         curve.append({"step": row["step"], "easy_success": success[list(EASY)].mean().item(),
                       "hard_success": success[list(HARD)].mean().item(),
                       "success_probability": row["success_probability"]})
@@ -269,11 +252,11 @@ def run_kl_estimators(seed, distance):
     return {"metrics": metrics, "curve": []}
 
 
-def _per_token_loss(batch, logps):
+def _per_token_loss(batch, credit, logps):
     """GRPO's per-token loss (PPO-Clip term + 0.02 k3) of a batch, before any reduction: (N, R)."""
-    advantages = batch["advantages"].unsqueeze(1).expand_as(logps)
-    policy = rl_lab.clipped_policy_loss(logps, batch["old_logps"], advantages, check=False)
-    return policy + 0.02 * rl_lab.token_kl_penalty(logps, batch["ref_logps"], check=False)
+    advantages = credit.advantages.unsqueeze(1).expand_as(logps)
+    policy = rl_lab.clipped_policy_loss(logps, batch.old_logps, advantages, check=False)
+    return policy + 0.02 * rl_lab.token_kl_penalty(logps, batch.ref_logps, check=False)
 
 
 def run_microbatch(seed):
@@ -283,15 +266,17 @@ def run_microbatch(seed):
     loss_scale_factor) or by the global token count, against the full-batch gradient."""
     state = online_tokens.setup(seed=seed, steps=4)
     online_tokens.run(state)  # a few updates: lengths now differ within the batch
-    batch = online_tokens.compute_advantages(state, online_tokens.rollout(state))
-    mask = batch["mask"]
+    batch = online_tokens.rollout(state)
+    credit = online_tokens.credit(state, batch)
+    mask = batch.mask
     count = mask.shape[0]
     global_tokens = mask.sum()
 
     def gradient(loss_of):
-        table = state["table"].detach().clone().requires_grad_(True)
-        logps = online_tokens.token_logps(table, batch["prompts"], batch["completion_ids"], 1.0)
-        (result,) = torch.autograd.grad(loss_of(_per_token_loss(batch, logps)), table)
+        policy = state.policy.snapshot()
+        policy.table.requires_grad_(True)
+        logps = logps_of_tokens(policy.logits(batch.prompts, batch.completion_ids), batch.completion_ids)
+        (result,) = torch.autograd.grad(loss_of(_per_token_loss(batch, credit, logps)), policy.table)
         return result
 
     metrics = {}
@@ -403,10 +388,10 @@ def experiments():
             "answers grow longer under the per-sequence mean; the token mean and the constant do not favour length.",
             [_online({"reduction": reduction}, ("mean_correct_length", "mean_wrong_length", "success_probability"),
                      reduction=reduction, **long_task) for reduction in rl_lab.REDUCTIONS],
-            ["final_success", "correct_length", "wrong_length", "iterations_to_0.9"],
+            ["final_success_probability", "mean_correct_length", "mean_wrong_length", "iterations_to_0.9"],
             ("mean_wrong_length", "mean_correct_length", "success_probability"),
             figure={"curve_panels": [["mean_wrong_length", "mean_correct_length"], ["success_probability"]],
-                    "bars": [["correct_length", "wrong_length"]]},
+                    "bars": [["mean_correct_length", "mean_wrong_length"]]},
         ),
         Experiment(
             "std-scaling", "group vs batch vs no std: the per-prompt weight (exact) and easy vs hard prompts",
@@ -415,7 +400,7 @@ def experiments():
             "weight than one near 50%: rare successes on hard prompts get amplified.",
             [({"scale_rewards": scale}, "run_std_scaling", {"scale_rewards": scale})
              for scale in ("group", "batch", "none")],
-            ["final_success", "easy_success_step_10", "hard_success_step_10", "hard_success_final",
+            ["final_success_probability", "easy_success_step_10", "hard_success_step_10", "hard_success_final",
              "iterations_to_0.9"],
             ("hard_success", "easy_success"),
             {"gradient_weight_by_successes": std_scaling_table()},
@@ -432,11 +417,11 @@ def experiments():
               {"group_size": size, "prompts": 64 // size}) for size in (2, 4, 8, 16)]
             + [({"group_size": 8, "dynamic_sampling": True}, "run_zero_variance",
                 {"group_size": 8, "prompts": 8, "dynamic_sampling": True})],
-            ["zero_group_fraction", "predicted_zero_group_fraction", "measured_minus_predicted", "final_success",
-             "tokens_to_0.9", "responses"],
+            ["zero_group_fraction", "predicted_zero_group_fraction", "measured_minus_predicted", "final_success_probability",
+             "tokens_to_0.9", "responses_sampled"],
             ("zero_group_fraction", "predicted_zero_group_fraction", "success_probability"),
             figure={"curve_panels": [["zero_group_fraction", "predicted_zero_group_fraction"], ["success_probability"]],
-                    "bars": [["zero_group_fraction", "predicted_zero_group_fraction", "final_success"]]},
+                    "bars": [["zero_group_fraction", "predicted_zero_group_fraction", "final_success_probability"]]},
         ),
         Experiment(
             "clip-higher", "eps_high 0.2 vs 0.28 (and CISPO) with 8 updates per batch: entropy, clipping, success",
@@ -449,9 +434,9 @@ def experiments():
                      updates_per_batch=8, epsilon_high=0.28),
              _online({"loss": "cispo", "epsilon_high": 5.0}, ("entropy", "clip_fraction", "success_probability"),
                      algorithm="cispo", updates_per_batch=8)],
-            ["final_success", "entropy_last", "clip_fraction", "iterations_to_0.9"],
+            ["final_success_probability", "entropy_last", "clip_fraction", "iterations_to_0.9"],
             ("entropy", "clip_fraction", "success_probability"),
-            figure={"bars": [["final_success", "entropy_last", "clip_fraction"]]},
+            figure={"bars": [["final_success_probability", "entropy_last", "clip_fraction"]]},
         ),
         Experiment(
             "updates-per-batch", "1, 2, 4, 8 Adam steps per batch for GRPO, CISPO, GSPO: the off-policy cost",
@@ -461,9 +446,9 @@ def experiments():
             [_online({"algorithm": algorithm, "updates_per_batch": updates}, ("success_probability",),
                      algorithm=algorithm, updates_per_batch=updates)
              for algorithm in ("grpo", "cispo", "gspo") for updates in (1, 2, 4, 8)],
-            ["final_success", "iterations_to_0.9", "clip_fraction"],
+            ["final_success_probability", "iterations_to_0.9", "clip_fraction"],
             ("success_probability",),
-            figure={"bars": [["final_success", "clip_fraction"]]},
+            figure={"bars": [["final_success_probability", "clip_fraction"]]},
         ),
         Experiment(
             "sampler-mismatch", "sample at another temperature or top-p than the trainer scores, with and without TIS",
@@ -475,9 +460,9 @@ def experiments():
             + [_online({"sampler": name, "tis": tis}, ONLINE_CURVE, **sampler, **({"tis_cap": 2.0} if tis else {}))
                for name, sampler in (("temperature 1.5", {"rollout_temperature": 1.5}),
                                      ("top-p 0.8", {"rollout_top_p": 0.8})) for tis in (False, True)],
-            ["final_success", "iterations_to_0.9"],
+            ["final_success_probability", "iterations_to_0.9"],
             ("success_probability",),
-            figure={"bars": [["final_success"]]},
+            figure={"bars": [["final_success_probability"]]},
         ),
         Experiment(
             "microbatch", "one batch in 1, 2, 4 micro-batches: accumulated gradient vs the full batch, per reduction",
@@ -499,9 +484,9 @@ def experiments():
             [_online({"algorithm": "grpo", "group_size": 2}, ONLINE_CURVE, group_size=2, prompts=32),
              _online({"algorithm": "dpo", "group_size": 2}, ONLINE_CURVE, algorithm="dpo", group_size=2, prompts=32),
              _online({"algorithm": "grpo", "group_size": 8}, ONLINE_CURVE, group_size=8, prompts=8)],
-            ["final_success", "iterations_to_0.9", "tokens_to_0.9", "responses"],
+            ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "responses_sampled"],
             ("success_probability",),
-            figure={"bars": [["final_success"]]},
+            figure={"bars": [["final_success_probability"]]},
         ),
         Experiment(
             "four-algorithms", "PPO, DPO, GRPO, CISPO on the token task at one budget (B*G responses per iteration)",
@@ -510,9 +495,9 @@ def experiments():
             "uses only the best and worst response per prompt.",
             [_online({"algorithm": algorithm}, ONLINE_CURVE + ("kl_reference",), algorithm=algorithm)
              for algorithm in online_tokens.FOUR_ALGORITHMS],
-            ["final_success", "iterations_to_0.9", "tokens_to_0.9", "kl_reference", "correct_length", "wrong_length"],
+            ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "kl_reference", "mean_correct_length", "mean_wrong_length"],
             ("success_probability", "kl_reference"),
-            figure={"bars": [["final_success", "kl_reference"]]},
+            figure={"bars": [["final_success_probability", "kl_reference"]]},
         ),
         Experiment(
             "dpo-label-flips", "bandit DPO with 0, 3, 6, 12 of its 12 labels reversed",

@@ -63,7 +63,7 @@ def run_cli_in_process(main, argv, env=None):
     return run_main(lambda args: lab_io.run_cli(lambda: main(args)), argv, env)
 
 
-def _differences(expected, actual, where, found, limit=5):
+def _differences(expected, actual, where, found, limit=5, abs_tol=COMMITTED_ATOL):
     """Append (where, expected, actual) for every number or value that differs beyond the tolerance."""
     if len(found) >= limit:
         return
@@ -90,7 +90,7 @@ def _differences(expected, actual, where, found, limit=5):
         if expected != actual:
             found.append((where, expected, actual))
         return
-    if not math.isclose(expected, actual, rel_tol=COMMITTED_RTOL, abs_tol=COMMITTED_ATOL):
+    if not math.isclose(expected, actual, rel_tol=COMMITTED_RTOL, abs_tol=abs_tol):
         found.append((where, expected, actual))
 
 
@@ -123,6 +123,14 @@ def committed_differences(relative, fresh_text):
     for line, (old_row, new_row) in enumerate(zip(committed[1:], fresh[1:]), start=2):
         for column, old_value, new_value in zip(header, old_row, new_row):
             _differences(_parse_number(old_value), _parse_number(new_value), f"line {line} {column}", found)
+    return found
+
+
+def value_differences(committed_text, fresh, abs_tol=COMMITTED_ATOL):
+    """[(where, committed, fresh)] when one committed CSV cell differs from a fresh value beyond COMMITTED_RTOL
+    (and the absolute floor abs_tol)."""
+    found = []
+    _differences(_parse_number(committed_text), fresh, "value", found, abs_tol=abs_tol)
     return found
 
 

@@ -67,7 +67,6 @@ OTHER_COLORS = ("#7f7f7f", "#17becf", "#bcbd22", "#e377c2")  # an algorithm this
 DASHES = ("-", "--", ":", "-.")
 # rl_lab.reward_table(): the bandit's rewards R(x, a), used when a run's JSON does not give its own table
 BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]]
-INITIAL_EXPECTED_REWARD = (1.0 + 0.2 - 0.5) / 3  # the uniform policy on that table
 CHAIN_INITIAL_RETURN = 0.3
 TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
 FORMATS = (".svg", ".png")

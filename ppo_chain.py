@@ -32,11 +32,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from lab_checks import check_int, check_real, check_tensor, torch_threads  # noqa: E402
+from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
     csv_text,
     float_flag,
-    int_flag,
     json_text,
     output_folder_or_exit,
     run_cli,
@@ -345,10 +345,8 @@ def build_parser():
         description="Train PPO with a critic and GAE on a two-step decision tree whose only reward is terminal.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--steps", type=int_flag(1, MAX_STEPS), default=120,
-                        help=f"outer iterations (64 episodes + up to 4 updates each), integer in [1, {MAX_STEPS}]")
-    parser.add_argument("--seed", type=int_flag(0, SEED_LIMIT - 1), default=7,
-                        help="seed of the run's torch.Generator, integer in [0, 2**63 - 1]")
+    add_shared_argument(parser, STEPS, 120)
+    add_shared_argument(parser, SEED, 7)
     parser.add_argument("--gae-lambda", type=float_flag(0.0, 1.0), default=GAE_LAMBDA,
                         help="GAE lambda in [0, 1]: 0 = one-step TD advantages, 1 = Monte Carlo (gamma is 1)")
     parser.add_argument("--output", default="results-chain",

@@ -39,6 +39,7 @@ from lab_checks import (  # noqa: E402
     check_tensor,
     torch_threads,
 )
+from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
     csv_text,
@@ -1143,11 +1144,6 @@ def _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_
     return settings
 
 
-def _old_policy_kl(old_logits, logits):
-    """Exact KL(old || current) averaged over all contexts (nats): the early-stop statistic."""
-    return categorical_kl(old_logits, logits.detach(), check=False).mean().item()
-
-
 def _initial_row(algorithm, logits, rewards, reference_logits):
     row = {"algorithm": algorithm, "step": 0, "optimizer_steps": 0, "sampled_actions": 0, "pair_presentations": 0}
     row.update(evaluate(logits, rewards, reference_logits))
@@ -1155,7 +1151,7 @@ def _initial_row(algorithm, logits, rewards, reference_logits):
     return row
 
 
-def _clip_step(optimizer, params, loss):
+def _clip_grad_norm_step(optimizer, params, loss):
     """One optimizer step on `loss` with the gradient norm clipped to MAX_GRAD_NORM over `params`."""
     for param in params:  # what optimizer.zero_grad() does by default, without its per-call overhead
         param.grad = None
@@ -1246,7 +1242,7 @@ def _train_dpo(logits, reference_logits, rewards, clean_pairs, training_pairs, s
     for step in range(1, steps + 1):
         # update: one full-batch step on the fixed offline pairs (no sampling, no old policy)
         loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs)
-        _clip_step(optimizer, [logits], loss)
+        _clip_grad_norm_step(optimizer, [logits], loss)
         # record: both diagnostics after the update, on the labels trained on and on the true ones
         with torch.no_grad():
             training_loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs).item()
@@ -1311,7 +1307,7 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
             policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON, check=False).mean()
             value_loss = (values[contexts] - returns).square().mean()
             loss = policy_loss + VALUE_COEF * value_loss
-            _clip_step(optimizer, params, loss)
+            _clip_grad_norm_step(optimizer, params, loss)
             optimizer_steps += 1
             losses.append(loss.item())
             value_losses.append(value_loss.item())
@@ -1363,7 +1359,7 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
                 )
             kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts], check=False).mean()
             loss = policy_loss + KL_BETA * kl_exact
-            _clip_step(optimizer, [logits], loss)
+            _clip_grad_norm_step(optimizer, [logits], loss)
             optimizer_steps += 1
             losses.append(loss.item())
         # record (CISPO never zeroes a gradient: its clip_fraction stays 0)
@@ -1621,10 +1617,8 @@ def build_parser():
              "and writes nothing; "
              "'all' trains ppo, dpo, grpo and cispo",
     )
-    parser.add_argument("--steps", type=int_flag(1, MAX_STEPS), default=120,
-                        help=f"outer iterations (rollout + updates), integer in [1, {MAX_STEPS}]")
-    parser.add_argument("--seed", type=int_flag(0, SEED_LIMIT - 1), default=7,
-                        help="seed of the run's torch.Generator, integer in [0, 2**63 - 1]")
+    add_shared_argument(parser, STEPS, 120)
+    add_shared_argument(parser, SEED, 7)
     parser.add_argument("--group-size", type=int_flag(2, MAX_GROUP_SIZE), default=8,
                         help=f"GRPO/CISPO answers sampled per prompt (G), integer in [2, {MAX_GROUP_SIZE}]")
     parser.add_argument("--grpo-prompts", type=int_flag(1, MAX_GRPO_PROMPTS), default=16,

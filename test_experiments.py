@@ -65,7 +65,7 @@ class ExactIdentities(unittest.TestCase):
 
     def test_exact_reward_distribution_of_the_uniform_policy(self):
         state = online_tokens.setup()
-        distribution = experiments.reward_distribution(state["table"], 1.0)
+        distribution = experiments.reward_distribution(state)
         torch.testing.assert_close(distribution.sum(dim=1), torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-14)
         # prompt 0, answer "0": "0 EOS" has 1/9; "0" then four more digits (no EOS, cut) has (1/3)(2/3)**4
         self.assertAlmostEqual(distribution[0, 2].item(), 1 / 9, places=15)
@@ -87,7 +87,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertLess(abs(measured - predicted), 0.1)
         dynamic = experiments.run_zero_variance(0, group_size=8, prompts=8, steps=12, dynamic_sampling=True)
         self.assertLess(dynamic["metrics"]["zero_group_fraction"], 0.3)  # the tied groups were resampled away
-        self.assertGreater(dynamic["metrics"]["responses"], 12 * 64)  # and paid for
+        self.assertGreater(dynamic["metrics"]["responses_sampled"], 12 * 64)  # and paid for
 
     def test_more_updates_per_batch_clip_more(self):
         one = experiments.run_online(0, algorithm="gspo", updates_per_batch=1, steps=15)["metrics"]

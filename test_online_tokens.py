@@ -5,6 +5,7 @@ the diagnostics, bad settings and the CLI.
 """
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -16,21 +17,40 @@ import torch
 
 import online_tokens
 from lab_testing import float64, parallel_calls, run_main, single_thread_module
-from rl_lab import DTYPE, grpo_policy_loss
+import online_algorithms
+from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
+from online_settings import resolve
+from policies import TableCritic, logps_of_tokens, nucleus
+from tasks import BinaryTask
+from rl_lab import DTYPE, dpo_loss, grpo_policy_loss, sequence_log_ratio, clipped_policy_loss
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 t = float64
 
 
-def rollout_with_advantages(state):
-    """online_tokens.rollout() then its advantages: the batch the update takes."""
-    return online_tokens.compute_advantages(state, online_tokens.rollout(state))
+def rollout_with_credit(state):
+    """online_tokens.rollout() then the algorithm's credit: what the update takes."""
+    batch = online_tokens.rollout(state)
+    return batch, online_tokens.credit(state, batch)
+
+
+def current_logps(state, batch, policy=None):
+    """(N, R) log-probs of the batch's tokens under the run's current policy (with gradient)."""
+    policy = state.policy if policy is None else policy
+    return logps_of_tokens(policy.logits(batch.prompts, batch.completion_ids), batch.completion_ids)
+
+
+def shuffled(state, seed):
+    """Give the run's table policy random preferences (a uniform table looks the same at every temperature)."""
+    with torch.no_grad():
+        state.policy.table.add_(torch.randn(state.policy.table.shape, generator=torch.Generator().manual_seed(seed),
+                                            dtype=DTYPE))
 
 
 
 
 # ---------------------------------------------------------------------------------------------
-# Online GRPO / CISPO (online_tokens.py --online)
+# Online GRPO / CISPO
 # ---------------------------------------------------------------------------------------------
 
 
@@ -38,16 +58,19 @@ _ONLINE_CACHE = {}
 
 
 def cached_online(**overrides):
-    overrides = {"algorithm": overrides.pop("loss"), **overrides} if "loss" in overrides else overrides
     key = tuple(sorted(overrides.items()))
     if key not in _ONLINE_CACHE:
         _ONLINE_CACHE[key] = online_tokens.train(**overrides)
     return _ONLINE_CACHE[key]
 
 
+TASK = BinaryTask()
+EOS = TASK.eos_id
+
+
 class OnlineGRPO(unittest.TestCase):
     def test_verifier_scores_exact_answer_partial_truncation_and_the_rest(self):
-        verify, eos = online_tokens.verify, online_tokens.EOS
+        verify, eos = TASK.verify, EOS
         self.assertEqual(verify(5, [1, 0, 1, eos], False), 1.0)  # "101" then EOS
         self.assertEqual(verify(5, [1, 0, 1, 1, 0], True), 0.25)  # right answer, never stops
         self.assertEqual(verify(5, [1, 0, 1, 1, eos], False), 0.0)  # stops, but after a wrong extra digit
@@ -55,81 +78,100 @@ class OnlineGRPO(unittest.TestCase):
         self.assertEqual(verify(2, [1, 1, 0, 0, 0], True), 0.0)
         self.assertEqual(verify(0, [eos], False), 0.0)  # the empty answer
 
-    def test_initial_success_probability_is_the_hand_value_between_5_and_30_percent(self):
+    def test_initial_success_probability_is_the_hand_value(self):
         state = online_tokens.setup()
         # uniform over {0, 1, EOS}: an answer of L digits plus EOS has probability (1/3)^(L+1);
         # answers 0, 1, 10, 11, 100, 101 have L = 1, 1, 2, 2, 3, 3
         expected = (2 / 9 + 2 / 27 + 2 / 81) / 6
-        self.assertAlmostEqual(online_tokens.success_probability(state["table"].detach(), 1.0), expected, places=15)
-        self.assertTrue(0.05 < expected < 0.30)
+        self.assertAlmostEqual(online_tokens.evaluate(state)["success_probability"], expected, places=15)
+        self.assertEqual(online_tokens.evaluate(state)["kl_reference"], 0.0)
+        # with a cap of 2 tokens only "0" and "1" (then EOS) fit: the others count 0
+        short = online_tokens.setup(max_new_tokens=2)
+        self.assertAlmostEqual(online_tokens.evaluate(short)["success_probability"], (2 / 9) / 6, places=15)
+
+    def test_exact_success_is_the_sum_over_each_prompts_correct_responses(self):
+        state = online_tokens.setup(seed=3)
+        shuffled(state, 4)
+        by_prompt = online_tokens.success_by_prompt(state.policy, state.solutions, 6)
+        # by hand: walk the table along each answer (previous token = BOS, then the answer's digits)
+        logp = torch.log_softmax(state.policy.table.detach(), dim=-1)
+        for prompt in range(6):
+            tokens = list(TASK.answers[prompt]) + [EOS]
+            previous, total = state.policy.bos_state, 0.0
+            for position, token in enumerate(tokens):
+                total += logp[prompt, position, previous, token].item()
+                previous = token
+            self.assertAlmostEqual(by_prompt[prompt].item(), math.exp(total), places=14)
 
     def test_ratio_is_exactly_one_before_the_first_update(self):
         for temperature in (1.0, 0.7):
             state = online_tokens.setup(seed=3, temperature=temperature)
-            with torch.no_grad():
-                state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(1),
-                                                dtype=DTYPE))  # a policy that is not uniform
-            batch = rollout_with_advantages(state)
-            logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"],
-                                                        temperature)
-            self.assertTrue(torch.equal(logps, batch["old_logps"]))  # bit for bit
+            shuffled(state, 1)  # a policy that is not uniform
+            batch, _ = rollout_with_credit(state)
+            self.assertTrue(torch.equal(current_logps(state, batch), batch.old_logps))  # bit for bit
 
     def test_tokens_after_eos_and_padding_receive_no_gradient(self):
         state = online_tokens.setup(seed=11)
-        batch = rollout_with_advantages(state)
-        kept = batch["mask"].bool()
+        batch, credit = rollout_with_credit(state)
+        kept = batch.mask.bool()
         self.assertTrue(bool((~kept).any()))  # the batch has PAD positions
-        for name, loss_fn in online_tokens.GROUP_LOSSES.items():
+        for name, entry in POLICY_LOSSES.items():
             with self.subTest(loss=name):
-                logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"],
-                                                            1.0).detach().requires_grad_(True)
-                loss = loss_fn(logps, batch["old_logps"], batch["ref_logps"], batch["advantages"], batch["mask"],
-                               beta=0.02)
+                logps = current_logps(state, batch).detach().requires_grad_(True)
+                loss = entry.atom(logps, batch.old_logps, batch.ref_logps, credit.advantages, batch.mask, beta=0.02)
                 loss.backward()
                 self.assertEqual(logps.grad[~kept].abs().max().item(), 0.0)
                 self.assertGreater(logps.grad[kept].abs().max().item(), 0.0)
         # the table states only reached after an EOS (previous token = EOS) get no gradient either
-        state["table"].grad = None
-        online_tokens.update(state, batch)
-        state["table"].grad = None
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        grpo_policy_loss(logps, batch["old_logps"], batch["ref_logps"], batch["advantages"],
-                                          batch["mask"]).backward()
-        self.assertEqual(state["table"].grad[:, :, online_tokens.EOS].abs().max().item(), 0.0)
+        online_tokens.update(state, batch, credit)
+        state.policy.table.grad = None
+        grpo_policy_loss(current_logps(state, batch), batch.old_logps, batch.ref_logps, credit.advantages,
+                         batch.mask).backward()
+        self.assertEqual(state.policy.table.grad[:, :, EOS].abs().max().item(), 0.0)
 
     def test_truncated_responses_keep_every_token_and_no_eos(self):
         state = online_tokens.setup(seed=2, max_new_tokens=3)
-        batch = rollout_with_advantages(state)
-        truncated = batch["truncated"]
+        batch, _ = rollout_with_credit(state)
+        truncated = batch.truncated
         self.assertTrue(bool(truncated.any()) and bool((~truncated).any()))
         # a truncated response has no EOS: all of its positions are real and all count in the loss
-        self.assertTrue(bool(batch["mask"][truncated].bool().all()))
-        self.assertFalse(bool((batch["completion_ids"][truncated] == online_tokens.EOS).any()))
+        self.assertTrue(bool(batch.mask[truncated].bool().all()))
+        self.assertFalse(bool((batch.completion_ids[truncated] == EOS).any()))
         # a finished response counts up to and including its EOS, and nothing after
         for row in torch.nonzero(~truncated).flatten().tolist():
-            ids = batch["completion_ids"][row].tolist()
-            first_eos = ids.index(online_tokens.EOS)
-            self.assertEqual(batch["mask"][row].tolist(), [1] * (first_eos + 1) + [0] * (2 - first_eos))
+            ids = batch.completion_ids[row].tolist()
+            first_eos = ids.index(EOS)
+            self.assertEqual(batch.mask[row].tolist(), [1] * (first_eos + 1) + [0] * (2 - first_eos))
+
+    def test_sampler_logps_are_the_log_probs_the_sampler_drew_from(self):
+        state = online_tokens.setup(seed=6, temperature=0.8)
+        shuffled(state, 9)
+        batch, _ = rollout_with_credit(state)
+        kept = batch.real
+        # same policy, same temperature: the sampler's log-probs are the trainer's old ones (to rounding:
+        # log(softmax) there, log_softmax here), and 0 past the end
+        torch.testing.assert_close(batch.sampler_logps[kept], batch.old_logps[kept], rtol=0, atol=1e-14)
+        self.assertEqual(batch.sampler_logps[~kept].abs().max().item(), 0.0)
 
     def test_reference_never_changes(self):
         state = online_tokens.setup(seed=5)
         for _ in range(3):
-            batch = rollout_with_advantages(state)
-            online_tokens.update(state, batch)
-        self.assertEqual(state["reference"].abs().max().item(), 0.0)
-        self.assertFalse(state["reference"].requires_grad)
+            batch, credit = rollout_with_credit(state)
+            online_tokens.update(state, batch, credit)
+        self.assertEqual(state.reference.table.abs().max().item(), 0.0)
+        self.assertFalse(state.reference.table.requires_grad)
         # the reference is the uniform initial policy: every reference token log-prob is -ln 3
-        torch.testing.assert_close(batch["ref_logps"], torch.full_like(batch["ref_logps"], -math.log(3.0)),
+        torch.testing.assert_close(batch.ref_logps, torch.full_like(batch.ref_logps, -math.log(3.0)),
                                    rtol=0, atol=1e-15)
-        self.assertGreater(state["table"].detach().abs().max().item(), 0.1)  # while the policy moved
+        self.assertGreater(state.policy.table.detach().abs().max().item(), 0.1)  # while the policy moved
 
     def test_optimizer_steps_follow_updates_per_batch(self):
-        for loss in ("grpo", "cispo"):
-            rows = cached_online(loss=loss, seed=7)[0]
+        for algorithm in ("grpo", "cispo"):
+            rows = cached_online(algorithm=algorithm, seed=7)[0]
             self.assertEqual(rows[-1]["optimizer_steps"], 2 * (len(rows) - 1))  # row 0: before training
 
     def test_clip_binds_and_separates_grpo_from_cispo(self):
-        grpo, cispo = cached_online(loss="grpo", seed=7)[0], cached_online(loss="cispo", seed=7)[0]
+        grpo, cispo = cached_online(algorithm="grpo", seed=7)[0], cached_online(algorithm="cispo", seed=7)[0]
         # the first batch is the same (same seed, same sampler); Adam's first step moves ratios past 1.2
         self.assertEqual(grpo[1]["reward_mean"], cispo[1]["reward_mean"])
         self.assertGreater(grpo[1]["clip_fraction"], 0.0)
@@ -140,39 +182,38 @@ class OnlineGRPO(unittest.TestCase):
     def test_clip_diagnostics_hand_cases(self):
         ratio = t([1.5, 0.5, 1.5, 0.5, 5.5, 1.0])
         advantages = t([1.0, -1.0, -1.0, 1.0, 1.0, 0.0])
-        grpo = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(), first_pass=False)
+        grpo = ratio_diagnostics(ratio, advantages, resolve({}), "clip", first_pass=False)
         # all but the last are outside 1 +- 0.2; the clip zeroes the first two and the 5.5 (A > 0) only
         self.assertEqual(grpo, {"clip_fraction": 3 / 6, "outside_clip_range_fraction": 5 / 6, "capped_fraction": 0.0})
-        cispo = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(algorithm="cispo"), False)
+        cispo = ratio_diagnostics(ratio, advantages, resolve({"algorithm": "cispo"}), "cap", False)
         # the cap is absolute: 5.5 > 5 counts, while 1 + 5 = 6 would not; CISPO zeroes no gradient
         self.assertEqual((cispo["clip_fraction"], cispo["capped_fraction"]), (0.0, 1 / 6))
-        first = online_tokens._ratio_diagnostics(ratio, advantages, online_tokens.config(), first_pass=True)
+        first = ratio_diagnostics(ratio, advantages, resolve({}), "clip", first_pass=True)
         self.assertEqual(first["clip_fraction"], 0.0)  # the first pass sees ratio 1 exactly
 
     def test_entropy_and_kl_columns_are_what_they_claim(self):
-        rows = cached_online(loss="grpo", seed=7)[0]
+        rows = cached_online(algorithm="grpo", seed=7)[0]
         self.assertAlmostEqual(rows[1]["entropy"], math.log(3.0), places=14)  # the uniform first policy
         state = online_tokens.setup(seed=4)
-        with torch.no_grad():
-            state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(8),
-                                            dtype=DTYPE))
-        batch = rollout_with_advantages(state)
-        update = online_tokens.update(state, batch)
-        row = online_tokens.record(state, batch, update, 1)
+        shuffled(state, 8)
+        old = state.policy.snapshot()
+        batch, credit = rollout_with_credit(state)
+        row = online_tokens.record(state, batch, credit, online_tokens.update(state, batch, credit), 1)
+        old_logits = old.logits(batch.prompts, batch.completion_ids)
         kl_terms, entropies = [], []
-        for n in range(batch["mask"].shape[0]):
-            for position in range(batch["mask"].shape[1]):
-                if batch["mask"][n, position]:
-                    delta = batch["ref_logps"][n, position].item() - batch["old_logps"][n, position].item()
+        for n in range(batch.mask.shape[0]):
+            for position in range(batch.mask.shape[1]):
+                if batch.mask[n, position]:
+                    delta = batch.ref_logps[n, position].item() - batch.old_logps[n, position].item()
                     kl_terms.append(math.exp(delta) - delta - 1.0)  # k3 of the sampling policy vs the reference
-                    logits = batch["old_logits"][n, position].tolist()
+                    logits = old_logits[n, position].tolist()
                     z = sum(math.exp(v) for v in logits)
                     entropies.append(-sum(math.exp(v) / z * (v - math.log(z)) for v in logits))
         self.assertAlmostEqual(row["kl_k3"], sum(kl_terms) / len(kl_terms), places=12)
         self.assertAlmostEqual(row["entropy"], sum(entropies) / len(entropies), places=12)
 
     def test_row_statistics_are_consistent(self):
-        rows = cached_online(loss="grpo", seed=7)[0]
+        rows = cached_online(algorithm="grpo", seed=7)[0]
         # row 0 is the initial evaluation: the exact start, nothing sampled or updated
         self.assertEqual({name: value for name, value in rows[0].items() if value != 0},
                          {"success_probability": rows[0]["success_probability"]})
@@ -196,40 +237,49 @@ class OnlineGRPO(unittest.TestCase):
         self.assertNotEqual(first[-1]["success_probability"], token[-1]["success_probability"])
 
     def test_online_train_rejects_bad_settings(self):
-        cases = [("loss", {"loss": "ppo"}), ("reduction", {"reduction": "mean"}), ("steps", {"steps": 0}),
-                 ("group_size", {"group_size": 1}), ("temperature", {"temperature": 0.0}),
+        cases = [("algorithm", {"algorithm": "reinforce"}), ("reduction", {"reduction": "mean"}),
+                 ("steps", {"steps": 0}), ("group_size", {"group_size": 1}), ("temperature", {"temperature": 0.0}),
                  ("seed", {"seed": 1.5}), ("epsilon", {"epsilon": 1.0}), ("learning_rate", {"learning_rate": -1}),
-                 ("lr", {"lr": 0.1})]
+                 ("lr", {"lr": 0.1}), ("loss", {"loss": "grpo"}), ("reduction", {"algorithm": "ppo", "reduction": "token"}),
+                 ("label_smoothing", {"algorithm": "dpo", "label_smoothing": 0.1})]
         for name, overrides in cases:
-            with self.subTest(overrides=overrides), self.assertRaisesRegex(ValueError, name):
+            with self.subTest(overrides=overrides), self.assertRaisesRegex(ValueError, f"^{name}: "):
                 online_tokens.train(**overrides)
+
+    def test_every_algorithms_own_defaults_resolve(self):
+        self.assertEqual((resolve({}).epsilon, resolve({}).epsilon_high), (0.2, None))
+        self.assertEqual(resolve({"algorithm": "cispo"}).epsilon_high, 5.0)
+        self.assertEqual((resolve({"algorithm": "gspo"}).epsilon, resolve({"algorithm": "gspo"}).epsilon_high),
+                         (3e-4, 4e-4))
+        simpo = resolve({"algorithm": "dpo", "dpo_loss": "simpo"})
+        self.assertEqual((simpo.dpo_beta, simpo.sequence_logp), (2.0, "mean"))
+        self.assertEqual(resolve({"algorithm": "dpo", "dpo_loss": "ipo"}).dpo_beta, 0.1)
+        self.assertEqual(resolve({"beta": 0}).beta, 0.0)  # a float setting holds a float
+        self.assertIsInstance(resolve({"beta": 0}).beta, float)
+        with self.assertRaisesRegex(ValueError, "^epsilon_high: "):
+            resolve({"algorithm": "cispo", "epsilon_high": 0.0})  # an absolute cap of 0 keeps no weight
 
 
 class OnlineValidation(unittest.TestCase):
-    def test_verify_and_success_probability_reject_bad_input(self):
-        verify, eos = online_tokens.verify, online_tokens.EOS
-        table = torch.zeros(6, 5, 4, 3, dtype=DTYPE)
+    def test_verify_rejects_bad_input(self):
+        verify, eos = TASK.verify, EOS
         cases = [
-            ("number", lambda: verify(-1, [1, 0, 1, eos], False)),  # would wrap round to prompt 5
-            ("number", lambda: verify(True, [1, eos], False)),
-            ("number", lambda: verify(6, [1, eos], False)),
+            ("prompt", lambda: verify(-1, [1, 0, 1, eos], False)),  # would wrap round to prompt 5
+            ("prompt", lambda: verify(True, [1, eos], False)),
+            ("prompt", lambda: verify(6, [1, eos], False)),
             ("tokens", lambda: verify(1, torch.tensor([1, eos]), False)),
             ("tokens", lambda: verify(1, [1, 7], False)),
             ("truncated", lambda: verify(1, [1, eos], True)),  # an EOS means the response stopped
             ("truncated", lambda: verify(1, [1, eos], "no")),
-            ("temperature", lambda: online_tokens.success_probability(table, 0)),
-            ("table", lambda: online_tokens.success_probability(torch.zeros(3, 5, 4, 3, dtype=DTYPE), 1.0)),
-            ("loss", lambda: online_tokens.train(loss={"a": 1})),
-            ("state", lambda: rollout_with_advantages({})),
+            ("state", lambda: rollout_with_credit({})),
         ]
         for name, call in cases:
             with self.subTest(argument=name), self.assertRaisesRegex(ValueError, name):
                 call()
         self.assertEqual(verify(1, (1, eos), False), 1.0)  # a tuple is a sequence of ids too
-        state = online_tokens.setup()
+        batch, credit = rollout_with_credit(online_tokens.setup())
         with self.assertRaisesRegex(ValueError, "batch"):
-            online_tokens.update(online_tokens.setup(max_new_tokens=3),
-                                           rollout_with_advantages(state))
+            online_tokens.update(online_tokens.setup(max_new_tokens=3), batch, credit)
 
     def test_a_diverging_run_stops_with_one_line_and_leaves_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -253,7 +303,7 @@ class OnlineCLI(unittest.TestCase):
 
     def test_writes_csv_and_json_byte_identically(self):
         out = os.path.join(self.tmp.name, "online")
-        argv = ["--loss", "cispo", "--steps", "4", "--reduction", "constant", "--output", out]
+        argv = ["--algorithm", "cispo", "--steps", "4", "--reduction", "constant", "--output", out]
         code, stdout, _ = run_main(online_tokens.main, argv)
         self.assertEqual(code, 0)
         self.assertIn("tokens/s", stdout)
@@ -280,7 +330,7 @@ class OnlineCLI(unittest.TestCase):
             ("--temperature", ["--temperature", "0"]),
             ("--temperature", ["--temperature", "nan"]),
             ("--epsilon", ["--epsilon", "1"]),
-            ("--loss", ["--loss", "ppo"]),
+            ("--loss", ["--loss", "grpo"]),  # the first release's name for --algorithm is gone
             ("--reduction", ["--reduction", "mean"]),
             ("--max-new-tokens", ["--max-new-tokens", "65"]),
             ("--lr", ["--lr", "-0.1"]),
@@ -298,7 +348,8 @@ class OnlineCLI(unittest.TestCase):
             ("--tis-cap", ["--tis-cap", "0.5"]),
             ("--tis-cap", ["--algorithm", "gspo", "--tis-cap", "2"]),
             ("--reduction", ["--algorithm", "all", "--reduction", "token"]),  # not for ppo and dpo
-            ("--loss", ["--algorithm", "ppo", "--loss", "grpo"]),  # two names for two algorithms
+            ("--epsilon-high", ["--algorithm", "cispo", "--epsilon-high", "0"]),  # a cap of 0 keeps no weight
+            ("--scale-rewards", ["--advantage", "rloo", "--scale-rewards", "group"]),  # RLOO divides by no std
             ("--algorithm", ["--algorithm", "reinforce"]),
             ("--truncation", ["--algorithm", "ppo", "--truncation", "never"]),
             ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.2"]),  # sigmoid ignores it
@@ -371,16 +422,15 @@ class OnlineCLI(unittest.TestCase):
 
 def hand_batch():
     """Three responses of prompt 2 ("10"), R = 4: one ends with EOS, one is cut at the cap, one is PAD-heavy."""
-    eos = online_tokens.EOS
-    ids = torch.tensor([[1, 0, eos, eos], [1, 1, 0, 1], [eos, eos, eos, eos]])
+    ids = torch.tensor([[1, 0, EOS, EOS], [1, 1, 0, 1], [EOS, EOS, EOS, EOS]])
     real = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
     generator = torch.Generator().manual_seed(3)
-    return {
-        "prompts": torch.tensor([2, 2, 2]), "completion_ids": ids, "real": real,
-        "truncated": torch.tensor([False, True, False]), "rewards": t([1.0, 0.25, 0.0]),
-        "mask": real.long(), "old_logps": -torch.rand(3, 4, generator=generator, dtype=DTYPE),
-        "ref_logps": -torch.rand(3, 4, generator=generator, dtype=DTYPE),
-    }
+    batch = online_tokens.Batch(torch.tensor([2, 2, 2]), ids, real, torch.tensor([False, True, False]),
+                                t([1.0, 0.25, 0.0]), torch.zeros(3, 4, dtype=DTYPE))
+    batch.mask = real.long()
+    batch.old_logps = -torch.rand(3, 4, generator=generator, dtype=DTYPE)
+    batch.ref_logps = -torch.rand(3, 4, generator=generator, dtype=DTYPE)
+    return batch
 
 
 def loop_gae(rewards, values, next_value, terminal, gamma, lam):
@@ -400,30 +450,33 @@ class TokenPPO(unittest.TestCase):
     def test_per_token_advantages_match_a_loop_of_gae_per_response(self):
         batch = hand_batch()
         generator = torch.Generator().manual_seed(8)
-        critic = torch.randn(6, 5, 4, generator=generator, dtype=DTYPE)  # (P, R+1, S), row 4: after the cap
+        values = torch.randn(6, 5, 4, generator=generator, dtype=DTYPE)  # (P, R+1, S), row 4: after the cap
         for cap_value in ("table", "shared"):
             for truncation in ("bootstrap", "terminal"):
                 with self.subTest(cap_value=cap_value, truncation=truncation):
-                    run_config = online_tokens.config(algorithm="ppo", max_new_tokens=4, beta=0.1, gamma=0.9,
-                                                      gae_lambda=0.8, truncation=truncation)
-                    run_config["cap_value"] = cap_value  # config() refuses it with terminal: it changes nothing
-                    advantages, returns, values, _, _ = online_tokens.ppo_advantages(run_config, critic, batch)
+                    cfg = resolve({"algorithm": "ppo", "max_new_tokens": 4, "beta": 0.1, "gamma": 0.9,
+                                   "gae_lambda": 0.8, "truncation": truncation, "whiten_advantages": False})
+                    cfg = dataclasses.replace(cfg, cap_value=cap_value)  # resolve() refuses it with terminal
+                    critic = TableCritic((6, 4, 4, 3), bos_state=3, cap_value=cap_value)
+                    critic.table = values
+                    credit = online_algorithms.TokenPPO(cfg, critic).credit(batch)
                     for n in range(3):
-                        length = int(batch["mask"][n].sum())
-                        previous = [online_tokens.BOS_STATE] + batch["completion_ids"][n, :length - 1].tolist()
-                        v = [critic[2, position, previous[position]].item() for position in range(length)]
-                        r = [-0.1 * (batch["old_logps"][n, p] - batch["ref_logps"][n, p]).item() for p in range(length)]
-                        r[-1] += batch["rewards"][n].item()
-                        cut = bool(batch["truncated"][n])
+                        length = int(batch.mask[n].sum())
+                        previous = [3] + batch.completion_ids[n, :length - 1].tolist()
+                        v = [values[2, position, previous[position]].item() for position in range(length)]
+                        r = [-0.1 * (batch.old_logps[n, p] - batch.ref_logps[n, p]).item() for p in range(length)]
+                        r[-1] += batch.rewards[n].item()
+                        cut = bool(batch.truncated[n])
                         row = 4 if cap_value == "table" else 3
-                        after_cap = critic[2, row, batch["completion_ids"][n, 3]].item()
+                        after_cap = values[2, row, batch.completion_ids[n, 3]].item()
                         expected = loop_gae(r, v, after_cap, not (cut and truncation == "bootstrap"), 0.9, 0.8)
                         self.assertEqual(len(expected), length)
                         for position in range(4):
                             want = expected[position] if position < length else 0.0  # PAD is never touched
-                            self.assertAlmostEqual(advantages[n, position].item(), want, places=13)
+                            self.assertAlmostEqual(credit.advantages[n, position].item(), want, places=13)
                             if position < length:
-                                self.assertAlmostEqual(returns[n, position].item(), want + v[position], places=13)
+                                self.assertAlmostEqual(credit.returns[n, position].item(), want + v[position],
+                                                       places=13)
 
     def test_a_table_critic_bootstraps_the_cut_response_from_0_so_it_equals_terminal(self):
         bootstrap = online_tokens.train(algorithm="ppo", steps=12, seed=3)[0]
@@ -434,44 +487,42 @@ class TokenPPO(unittest.TestCase):
 
     def test_the_critic_never_receives_the_actors_gradient_and_whitening_is_standard(self):
         state = online_tokens.setup(algorithm="ppo", seed=4)
+        critic = state.algorithm.critic.table
         with torch.no_grad():
-            state["critic"].add_(torch.randn(state["critic"].shape, generator=torch.Generator().manual_seed(1),
-                                             dtype=DTYPE))
-        batch = rollout_with_advantages(state)
-        kept = batch["mask"].bool()
-        self.assertAlmostEqual(batch["advantages"][kept].mean().item(), 0.0, places=13)
-        self.assertAlmostEqual(batch["advantages"][kept].std(correction=0).item(), 1.0, places=7)  # eps 1e-8
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        policy_loss = online_tokens.clipped_policy_loss(logps, batch["old_logps"], batch["advantages"])[kept].mean()
-        actor_grad, critic_grad = torch.autograd.grad(policy_loss, [state["table"], state["critic"]],
-                                                      allow_unused=True)
+            critic.add_(torch.randn(critic.shape, generator=torch.Generator().manual_seed(1), dtype=DTYPE))
+        batch, credit = rollout_with_credit(state)
+        kept = batch.mask.bool()
+        self.assertAlmostEqual(credit.advantages[kept].mean().item(), 0.0, places=13)
+        self.assertAlmostEqual(credit.advantages[kept].std(correction=0).item(), 1.0, places=7)  # eps 1e-8
+        policy_loss = clipped_policy_loss(current_logps(state, batch), batch.old_logps, credit.advantages)[kept].mean()
+        actor_grad, critic_grad = torch.autograd.grad(policy_loss, [state.policy.table, critic], allow_unused=True)
         self.assertIsNone(critic_grad)  # advantages are detached: no path from the actor's loss to the critic
         self.assertGreater(actor_grad.abs().max().item(), 0.0)
 
     def test_first_update_direction_is_reinforce_with_the_critic_by_hand(self):
         state = online_tokens.setup(algorithm="ppo", seed=5, beta=0.0, whiten_advantages=False)
-        batch = rollout_with_advantages(state)
-        kept = batch["mask"].bool()
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        loss = torch.where(kept, online_tokens.clipped_policy_loss(logps, batch["old_logps"], batch["advantages"]),
+        batch, credit = rollout_with_credit(state)
+        kept = batch.mask.bool()
+        logps = current_logps(state, batch)
+        loss = torch.where(kept, clipped_policy_loss(logps, batch.old_logps, credit.advantages),
                            torch.zeros_like(logps)).sum() / kept.sum()
-        (gradient,) = torch.autograd.grad(loss, state["table"])
+        (gradient,) = torch.autograd.grad(loss, state.policy.table)
         # by hand: -(1/K) sum_t A_t grad log pi(a_t | s_t), with grad log softmax = onehot - p (all p = 1/3)
         expected = torch.zeros_like(gradient)
         count = int(kept.sum())
         for n in range(kept.shape[0]):
-            previous = online_tokens.BOS_STATE
+            previous = state.policy.bos_state
             for position in range(int(kept[n].sum())):
-                token = int(batch["completion_ids"][n, position])
-                advantage = batch["advantages"][n, position].item()
+                token = int(batch.completion_ids[n, position])
+                advantage = credit.advantages[n, position].item()
                 for a in range(3):
                     indicator = 1.0 if a == token else 0.0
-                    expected[int(batch["prompts"][n]), position, previous, a] -= advantage * (indicator - 1 / 3) / count
+                    expected[int(batch.prompts[n]), position, previous, a] -= advantage * (indicator - 1 / 3) / count
                 previous = token
         torch.testing.assert_close(gradient, expected, rtol=0, atol=1e-14)
         # with a zero critic and gamma 1, the last token's advantage is the response's reward
         last = kept.sum(dim=1) - 1
-        torch.testing.assert_close(batch["advantages"][torch.arange(kept.shape[0]), last], batch["rewards"],
+        torch.testing.assert_close(credit.advantages[torch.arange(kept.shape[0]), last], batch.rewards,
                                    rtol=0, atol=1e-15)
 
 
@@ -484,43 +535,63 @@ class OnlineDPO(unittest.TestCase):
     def test_two_samples_with_two_rewards_give_the_dpo_atom_on_that_pair(self):
         for seed in range(40):  # the first seed whose one group of 2 has two different rewards
             state = online_tokens.setup(algorithm="dpo", seed=seed, prompts=1, group_size=2, updates_per_batch=1)
-            batch = rollout_with_advantages(state)
-            if batch["rewards"][0] != batch["rewards"][1]:
+            batch, credit = rollout_with_credit(state)
+            if batch.rewards[0] != batch.rewards[1]:
                 break
-        self.assertEqual(batch["chosen"].numel(), 1)
-        chosen, rejected = int(batch["chosen"][0]), int(batch["rejected"][0])
-        self.assertGreater(batch["rewards"][chosen].item(), batch["rewards"][rejected].item())
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        kept = batch["mask"].bool()
+        self.assertEqual(credit.chosen.numel(), 1)
+        chosen, rejected = int(credit.chosen[0]), int(credit.rejected[0])
+        self.assertGreater(batch.rewards[chosen].item(), batch.rewards[rejected].item())
+        logps = current_logps(state, batch)
+        kept = batch.mask.bool()
         summed = torch.where(kept, logps, torch.zeros_like(logps)).sum(dim=1)
-        ref = torch.where(kept, batch["ref_logps"], torch.zeros_like(logps)).sum(dim=1)
-        expected = online_tokens.dpo_loss(summed[chosen:chosen + 1], summed[rejected:rejected + 1],
-                                          ref[chosen:chosen + 1], ref[rejected:rejected + 1], beta=0.5)
-        diagnostics = online_tokens.update(state, batch)
+        ref = torch.where(kept, batch.ref_logps, torch.zeros_like(logps)).sum(dim=1)
+        expected = dpo_loss(summed[chosen:chosen + 1], summed[rejected:rejected + 1],
+                            ref[chosen:chosen + 1], ref[rejected:rejected + 1], beta=0.5)
+        diagnostics = online_tokens.update(state, batch, credit)
         self.assertAlmostEqual(diagnostics["loss"], expected.item(), places=14)
         self.assertAlmostEqual(diagnostics["loss"], math.log(2.0), places=14)  # policy = reference at the start
 
     def test_tied_prompts_contribute_nothing(self):
         state = online_tokens.setup(algorithm="dpo", seed=1)
         batch = online_tokens.rollout(state)
-        batch["rewards"] = torch.zeros_like(batch["rewards"])  # every prompt's responses tie
-        batch = online_tokens.compute_advantages(state, batch)
-        self.assertEqual((batch["chosen"].numel(), batch["tied_prompts"]), (0, 8))
-        before = state["table"].detach().clone()
-        diagnostics = online_tokens.update(state, batch)
-        self.assertEqual((diagnostics["loss"], state["optimizer_steps"]), (0.0, 0))
-        self.assertTrue(torch.equal(state["table"].detach(), before))
+        batch.rewards = torch.zeros_like(batch.rewards)  # every prompt's responses tie
+        credit = online_tokens.credit(state, batch)
+        self.assertEqual((credit.chosen.numel(), credit.tied_prompts), (0, 8))
+        before = state.policy.table.detach().clone()
+        self.assertEqual(online_tokens.update(state, batch, credit), {})  # no step: the row keeps its zeros
+        self.assertEqual(state.optimizer_steps, 0)
+        self.assertTrue(torch.equal(state.policy.table.detach(), before))
 
     def test_offline_pairs_come_from_the_initial_policy(self):
         state = online_tokens.setup(algorithm="dpo", seed=2, offline=True)
         with torch.no_grad():
-            state["table"][:, :, :, online_tokens.EOS] += 50.0  # a policy that would only ever say EOS
+            state.policy.table[:, :, :, EOS] += 50.0  # a policy that would only ever say EOS
         batch = online_tokens.rollout(state)
-        self.assertGreater(batch["mask"].sum(dim=1).double().mean().item(), 1.5)  # sampled from the uniform start
+        self.assertGreater(batch.mask.sum(dim=1).double().mean().item(), 1.5)  # sampled from the uniform start
         online = online_tokens.setup(algorithm="dpo", seed=2)
         with torch.no_grad():
-            online["table"][:, :, :, online_tokens.EOS] += 50.0
-        self.assertEqual(online_tokens.rollout(online)["mask"].sum(dim=1).double().mean().item(), 1.0)
+            online.policy.table[:, :, :, EOS] += 50.0
+        self.assertEqual(online_tokens.rollout(online).mask.sum(dim=1).double().mean().item(), 1.0)
+
+    def test_every_preference_loss_is_its_atom_on_the_pairs(self):
+        for name, entry in PREFERENCE_LOSSES.items():
+            with self.subTest(dpo_loss=name):
+                options = {"label_smoothing": 0.2} if "label_smoothing" in entry.reads else {}
+                state = online_tokens.setup(algorithm="dpo", seed=3, dpo_loss=name, **options)
+                shuffled(state, 6)
+                batch, credit = rollout_with_credit(state)
+                logps = current_logps(state, batch)
+                kept = batch.mask.bool()
+                sequence = torch.where(kept, logps, torch.zeros_like(logps)).sum(dim=1)
+                ref = torch.where(kept, batch.ref_logps, torch.zeros_like(logps)).sum(dim=1)
+                if state.cfg.sequence_logp == "mean":
+                    sequence, ref = sequence / kept.sum(dim=1), ref / kept.sum(dim=1)
+                c, r = credit.chosen, credit.rejected
+                extra = {keyword: getattr(state.cfg, setting) for setting, keyword in entry.reads.items()}
+                references = (ref[c], ref[r]) if entry.reference else ()
+                expected = entry.atom(sequence[c], sequence[r], *references, beta=state.cfg.dpo_beta, **extra).mean()
+                loss, _, _ = state.algorithm.loss(logps, batch, credit, first_pass=True)
+                self.assertAlmostEqual(loss.item(), expected.item(), places=13)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,28 +602,25 @@ class OnlineDPO(unittest.TestCase):
 class GroupFamilySwitches(unittest.TestCase):
     def test_kl_in_the_reward_is_beta_times_the_summed_estimate(self):
         state = online_tokens.setup(seed=6, kl_in="reward", kl_estimator="k1", beta=0.5)
-        with torch.no_grad():
-            state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(2),
-                                            dtype=DTYPE))
+        shuffled(state, 2)
         batch = online_tokens.rollout(state)
-        kept = batch["mask"].bool()
-        summed = torch.where(kept, batch["old_logps"] - batch["ref_logps"], torch.zeros_like(batch["old_logps"]))
-        torch.testing.assert_close(batch["scores"], batch["rewards"] - 0.5 * summed.sum(dim=1), rtol=0, atol=1e-14)
+        kept = batch.mask.bool()
+        summed = torch.where(kept, batch.old_logps - batch.ref_logps, torch.zeros_like(batch.old_logps))
+        torch.testing.assert_close(batch.scores, batch.rewards - 0.5 * summed.sum(dim=1), rtol=0, atol=1e-14)
 
     def test_overlong_penalty_and_masked_truncation(self):
         state = online_tokens.setup(seed=3, max_new_tokens=4, overlong_penalty=2, mask_truncated=True)
-        batch = rollout_with_advantages(state)
-        lengths = batch["mask"].sum(dim=1)
-        expected = batch["rewards"] + torch.where(lengths <= 2, torch.zeros_like(batch["rewards"]), (2.0 - lengths) / 2)
-        torch.testing.assert_close(batch["scores"], expected, rtol=0, atol=1e-15)
-        self.assertTrue(bool(batch["truncated"].any()))
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        logps = logps.detach().requires_grad_(True)
-        mask = batch["mask"] * (~batch["truncated"]).unsqueeze(1).long()
-        grpo_policy_loss(logps, batch["old_logps"], batch["ref_logps"], batch["advantages"], mask).backward()
-        self.assertEqual(logps.grad[batch["truncated"]].abs().max().item(), 0.0)
-        row = online_tokens.record(state, batch, online_tokens.update(state, batch), 1)
-        self.assertEqual(row["masked_truncated"], int(batch["truncated"].sum()))
+        batch, credit = rollout_with_credit(state)
+        lengths = batch.mask.sum(dim=1)
+        expected = batch.rewards + torch.where(lengths <= 2, torch.zeros_like(batch.rewards), (2.0 - lengths) / 2)
+        torch.testing.assert_close(batch.scores, expected, rtol=0, atol=1e-15)
+        self.assertTrue(bool(batch.truncated.any()))
+        logps = current_logps(state, batch).detach().requires_grad_(True)
+        grpo_policy_loss(logps, batch.old_logps, batch.ref_logps, credit.advantages, credit.loss_mask).backward()
+        self.assertEqual(logps.grad[batch.truncated].abs().max().item(), 0.0)
+        self.assertEqual(credit.loss_mask[batch.truncated].abs().max().item(), 0)
+        row = online_tokens.record(state, batch, credit, online_tokens.update(state, batch, credit), 1)
+        self.assertEqual(row["masked_truncated"], int(batch.truncated.sum()))
 
     def test_a_batch_whose_every_response_is_masked_takes_no_step(self):
         # with top-p 1e-9 only one token of the uniform start is ever sampled, a digit (ties sort to token 0):
@@ -564,35 +632,34 @@ class GroupFamilySwitches(unittest.TestCase):
     def test_dynamic_sampling_keeps_groups_that_vary_and_counts_every_response(self):
         state = online_tokens.setup(seed=7, dynamic_sampling=True)
         batch = online_tokens.rollout(state)
-        grouped = batch["rewards"].reshape(8, 8)
+        grouped = batch.rewards.reshape(8, 8)
         self.assertFalse(bool((grouped == grouped[:, :1]).all(dim=1).any()))  # every group varies
-        self.assertGreater(batch["responses_sampled"], 64)
-        self.assertEqual(batch["responses_sampled"] % 64, 0)  # whole batches of 8 prompts were drawn
-        self.assertGreater(batch["filtered_groups"], 0)
-        self.assertGreaterEqual(batch["tokens_sampled"], int(batch["mask"].sum()))
+        self.assertGreater(batch.responses_sampled, 64)
+        self.assertEqual(batch.responses_sampled % 64, 0)  # whole batches of 8 prompts were drawn
+        self.assertGreater(batch.filtered_groups, 0)
+        self.assertGreaterEqual(batch.tokens_sampled, int(batch.mask.sum()))
 
     def test_importance_weights_are_1_without_mismatch_and_capped_with_one(self):
-        same = online_tokens.rollout(online_tokens.setup(seed=2, rollout_temperature=1.0, tis_cap=2.0))
-        kept = same["mask"].bool()
-        self.assertEqual(same["importance_weights"][kept].tolist(), [1.0] * int(kept.sum()))
+        same, credit = rollout_with_credit(online_tokens.setup(seed=2, rollout_temperature=1.0, tis_cap=2.0))
+        kept = same.mask.bool()
+        torch.testing.assert_close(credit.importance_weights[kept], torch.ones(int(kept.sum()), dtype=DTYPE),
+                                   rtol=0, atol=1e-14)
         state = online_tokens.setup(seed=2, rollout_temperature=3.0, tis_cap=1.5)
-        with torch.no_grad():  # a uniform table looks the same at every temperature: give it preferences
-            state["table"].add_(torch.randn(state["table"].shape, generator=torch.Generator().manual_seed(5),
-                                            dtype=DTYPE))
-        hot = online_tokens.rollout(state)
-        weights = hot["importance_weights"][hot["mask"].bool()]
+        shuffled(state, 5)  # a uniform table looks the same at every temperature: give it preferences
+        hot, credit = rollout_with_credit(state)
+        weights = credit.importance_weights[hot.mask.bool()]
         self.assertLess(weights.min().item(), 1.0)
         self.assertEqual(weights.max().item(), 1.5)
-        nucleus = online_tokens.nucleus(t([[0.5, 0.3, 0.2]]), 0.75)  # 0.5 + 0.3 reach 0.75: 0.2 is cut
-        torch.testing.assert_close(nucleus, t([[0.625, 0.375, 0.0]]), rtol=0, atol=1e-15)
+        self.assertEqual(credit.importance_weights[~hot.mask.bool()].abs().max().item(), 0.0)
+        torch.testing.assert_close(nucleus(t([[0.5, 0.3, 0.2]]), 0.75), t([[0.625, 0.375, 0.0]]),
+                                   rtol=0, atol=1e-15)  # 0.5 + 0.3 reach 0.75: 0.2 is cut
 
     def test_gspo_sees_sequence_ratio_1_on_the_first_pass(self):
         rows = online_tokens.train(algorithm="gspo", steps=2, seed=1)[0]
         self.assertEqual(rows[1]["ratio_max"] >= 1.0 >= rows[1]["ratio_min"], True)
         state = online_tokens.setup(algorithm="gspo", seed=1)
-        batch = rollout_with_advantages(state)
-        logps = online_tokens.token_logps(state["table"], batch["prompts"], batch["completion_ids"], 1.0)
-        ratio = online_tokens.sequence_log_ratio(logps, batch["old_logps"], batch["mask"]).exp()
+        batch, _ = rollout_with_credit(state)
+        ratio = sequence_log_ratio(current_logps(state, batch), batch.old_logps, batch.mask).exp()
         self.assertEqual(ratio.tolist(), [1.0] * 64)
 
 
@@ -636,14 +703,14 @@ class Learning(unittest.TestCase):
                         {"dynamic_sampling": True}):
             self.assert_learns(options)
 
-    def test_documented_slow_variants_stay_below_or_near_the_target_at_60_iterations(self):
-        # README: offline DPO learns from the initial policy's pairs and stalls near 0.6 (a result, not a bug);
-        # the sequence KL in the reward slows GRPO down
+    def test_offline_dpo_learns_something_and_stalls_below_online_dpo(self):
+        # README: offline DPO learns only from the initial policy's pairs and stalls near 0.6 (a result,
+        # not a bug), while online DPO at the same budget passes 0.9 on the same seeds
         for seed in LEARNING_SEEDS:
-            offline = cached_online(seed=seed, algorithm="dpo", offline=True)[0]
-            self.assertLess(offline[-1]["success_probability"], 0.8)
-            self.assertGreater(offline[-1]["success_probability"], 0.3)  # it does learn something
-
+            offline = cached_online(seed=seed, algorithm="dpo", offline=True)[0][-1]["success_probability"]
+            online = cached_online(seed=seed, algorithm="dpo")[0][-1]["success_probability"]
+            self.assertTrue(0.3 < offline < 0.8, offline)
+            self.assertGreater(online - offline, 0.1)
 
 
 if __name__ == "__main__":

@@ -7,16 +7,21 @@ CPU may round a reduction differently in the last digits. Byte identity of two r
 checked in each driver's own tests.
 """
 
+import csv
+import json
+import os
 import unittest
 
+import experiments
 import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
 from lab_io import csv_text, json_text
-from lab_testing import committed_differences, describe_differences, single_thread_module
+from lab_testing import HERE, committed_differences, describe_differences, single_thread_module, value_differences
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+ATLAS = "results-experiments"
 
 
 class CommittedResults(unittest.TestCase):
@@ -40,11 +45,42 @@ class CommittedResults(unittest.TestCase):
         self.assert_matches("results-tokens.json", json_text(token_objectives.run()))
 
     def test_online_results_match_a_fresh_run(self):
-        for loss in ("grpo", "cispo"):
-            with self.subTest(loss=loss):
-                rows, report = online_tokens.train(loss=loss)
-                self.assert_matches(f"results-online-{loss}-sequence/online.csv", csv_text(rows, online_tokens.COLUMNS))
-                self.assert_matches(f"results-online-{loss}-sequence/online.json", json_text(report))
+        for algorithm in ("grpo", "cispo"):
+            with self.subTest(algorithm=algorithm):
+                rows, report = online_tokens.train(algorithm=algorithm)
+                folder = f"results-online-{algorithm}-sequence"
+                self.assert_matches(f"{folder}/online.csv", csv_text(rows, online_tokens.COLUMNS))
+                self.assert_matches(f"{folder}/online.json", json_text(report))
+
+    def test_the_four_algorithm_comparison_matches_a_fresh_run(self):
+        comparison = []
+        for algorithm in online_tokens.FOUR_ALGORITHMS:
+            with self.subTest(algorithm=algorithm):
+                rows, report = online_tokens.train(algorithm=algorithm)
+                self.assert_matches(f"results-online-all/{algorithm}/online.csv", csv_text(rows, online_tokens.COLUMNS))
+                self.assert_matches(f"results-online-all/{algorithm}/online.json", json_text(report))
+                comparison.append(online_tokens.comparison_row(algorithm, rows))
+        self.assert_matches("results-online-all/comparison.csv", csv_text(comparison, online_tokens.COMPARISON_COLUMNS))
+
+    def test_each_atlas_experiment_reproduces_its_first_committed_run(self):
+        # the whole atlas takes minutes; its first run of each experiment (first configuration, first seed),
+        # rerun from the committed settings.json, checks that the committed tables come from this code
+        for name in sorted(os.listdir(os.path.join(HERE, ATLAS))):
+            with self.subTest(experiment=name):
+                with open(os.path.join(HERE, ATLAS, name, "settings.json"), encoding="utf-8") as handle:
+                    settings = json.load(handle)
+                with open(os.path.join(HERE, ATLAS, name, "runs.csv"), encoding="utf-8", newline="") as handle:
+                    committed = next(csv.DictReader(handle))
+                configuration = settings["configurations"][0]
+                seed = int(committed["seed"])
+                self.assertEqual(seed, settings["seeds"][0])
+                metrics = experiments.RUNNERS[configuration["runner"]](seed, **configuration["options"])["metrics"]
+                for metric, value in metrics.items():
+                    # identities such as an estimator's bias are 0 up to ~1e-14 of rounding, whose digits
+                    # differ between CPUs: an absolute floor of 1e-12 for them
+                    found = value_differences(committed[metric], value, abs_tol=1e-12)
+                    self.assertEqual(found, [], f"{ATLAS}/{name}/runs.csv, first row, {metric}: committed "
+                                                f"{committed[metric]!r}, fresh {value!r}")
 
 
 if __name__ == "__main__":

@@ -603,19 +603,12 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--output", default="results-tokens.json", help="the JSON report file")
-    # the online loop has its own driver now: an old command gets one line saying where it went
-    parser.add_argument("--online", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if args.online:
-        parser.error("argument --online: the online loop moved to its own driver: python online_tokens.py "
-                     "--loss grpo (same flags, same outputs)")
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     output_file_or_exit(parser, args.output)
     report = run()
     write_files({args.output: json_text(report)})

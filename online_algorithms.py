@@ -1,0 +1,517 @@
+"""The online driver's algorithm families, each one object with the same methods, and the registries of
+their loss variants.
+
+    family = FAMILIES[family_of(cfg.algorithm)](cfg, critic)
+    scores  = family.scores(batch)                  # (N,) the reward the credit uses
+    credit  = family.credit(batch)                  # advantages, per-token credit or preference pairs
+    loss, diagnostics, ratio = family.loss(logps, batch, credit, first_pass)   # one pass of the update
+    columns = family.columns(batch, credit)         # its own CSV columns
+
+Three families: the GRPO family (one registered policy loss per algorithm: GRPO, CISPO, GSPO, SAPO,
+with RLOO and the field's switches), token-level PPO with a critic, and online/offline DPO (one
+registered preference loss per --dpo-loss). A new loss variant is one atom in rl_lab.py, one
+`register_policy_loss` (or `register_preference_loss`) call here, and one settings line in
+online_settings.py for a hyperparameter of its own; verl's `register_policy_loss` is the model.
+
+Shape notation: B prompts, G group size, N = B*G responses, R completion positions, K preference pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from library_map import _dpo_blocks as dpo_blocks, _group_blocks as group_blocks, _ppo_blocks as ppo_blocks
+from rl_lab import (
+    KL_ESTIMATORS,
+    cdpo_loss,
+    cispo_policy_loss,
+    clip_fraction,
+    clipped_policy_loss,
+    dpo_hinge_loss,
+    dpo_loss,
+    gae,
+    group_relative_advantages,
+    grpo_policy_loss,
+    gspo_policy_loss,
+    ipo_loss,
+    kl_k1,
+    overlong_penalty,
+    rloo_advantages,
+    robust_dpo_loss,
+    sapo_policy_loss,
+    sequence_log_ratio,
+    simpo_loss,
+    truncated_importance_weights,
+)
+
+GROUP_EPS = 1e-4  # the lesson's eps of group_relative_advantages
+WHITEN_EPS = 1e-8  # added to the std when PPO whitens its advantages, as TRL's masked_whiten
+
+
+def masked(values, mask):
+    """`values` where `mask` keeps a position, exactly 0 elsewhere (where(), not a product: a masked
+    position contributes no NaN and no gradient, whatever it holds)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def groups_tie(rewards, group_size):
+    """(B,) bool: every reward of the group equals its first (a group that teaches nothing)."""
+    grouped = rewards.reshape(-1, group_size)  # (B*G,) -> (B, G)
+    return (grouped == grouped[:, :1]).all(dim=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registries: one entry per loss variant
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A GRPO-family loss: the atom and what the loop needs to know about it.
+
+    reads: the settings passed to the atom by name (besides beta and the KL estimator, which every loss
+    takes); "reduction" also passes max_new_tokens, "tis_cap" passes the batch's importance weights.
+    ratio: "token" (one ratio per token) or "sequence" (GSPO's one per response) for the diagnostics.
+    zeroes: how its clip_fraction counts: "clip" (PPO-Clip zeroes the gradient outside the range),
+    "cap" (CISPO caps the weight and zeroes nothing, capped_fraction counts the caps), "none" (SAPO's
+    gate only fades it). defaults / ranges: its own default and range of a shared setting."""
+
+    atom: object
+    reads: tuple
+    ratio: str = "token"
+    zeroes: str = "clip"
+    defaults: dict = field(default_factory=dict)
+    ranges: dict = field(default_factory=dict)
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """A DPO-family loss: the atom, the settings it reads ({setting: the atom's keyword}), whether it
+    compares against the reference, and its defaults of shared settings."""
+
+    atom: object
+    reads: dict = field(default_factory=dict)
+    reference: bool = True
+    defaults: dict = field(default_factory=dict)
+    summary: str = ""
+
+
+POLICY_LOSSES = {}
+PREFERENCE_LOSSES = {}
+
+
+def register_policy_loss(name, atom, **entry):
+    POLICY_LOSSES[name] = PolicyLoss(atom, **entry)
+
+
+def register_preference_loss(name, atom, **entry):
+    PREFERENCE_LOSSES[name] = PreferenceLoss(atom, **entry)
+
+
+register_policy_loss("grpo", grpo_policy_loss, reads=("epsilon", "epsilon_high", "dual_clip", "reduction", "tis_cap"),
+                     summary="PPO-Clip per token, group-relative advantages (DeepSeekMath)")
+register_policy_loss("cispo", cispo_policy_loss, reads=("epsilon_high", "reduction", "tis_cap"), zeroes="cap",
+                     defaults={"epsilon_high": 5.0}, ranges={"epsilon_high": {"low": 0.0, "low_open": True}},
+                     summary="detached capped ratio times the log-prob (MiniMax-M1)")
+register_policy_loss("gspo", gspo_policy_loss, reads=("epsilon", "epsilon_high"), ratio="sequence",
+                     defaults={"epsilon": 3e-4, "epsilon_high": 4e-4},
+                     summary="one clipped length-normalized ratio per response (Qwen)")
+register_policy_loss("sapo", sapo_policy_loss, reads=("tau_pos", "tau_neg", "reduction", "tis_cap"), zeroes="none",
+                     summary="a smooth sigmoid gate instead of the clip (Qwen)")
+
+register_preference_loss("sigmoid", dpo_loss, defaults={"dpo_beta": 0.5}, summary="DPO")
+# ipo's beta sets its target margin 1/(2 beta), the hinge's 1/beta: TRL's 0.1
+register_preference_loss("ipo", ipo_loss, defaults={"dpo_beta": 0.1}, summary="IPO")
+register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1}, summary="SLiC's hinge")
+register_preference_loss("cdpo", cdpo_loss, reads={"label_smoothing": "label_smoothing"}, defaults={"dpo_beta": 0.5},
+                         summary="DPO with label smoothing")
+register_preference_loss("robust", robust_dpo_loss, reads={"label_smoothing": "label_smoothing"},
+                         defaults={"dpo_beta": 0.5}, summary="rDPO")
+register_preference_loss("simpo", simpo_loss, reads={"simpo_gamma": "gamma"}, reference=False,
+                         defaults={"dpo_beta": 2.0, "sequence_logp": "mean"},
+                         summary="no reference, length-averaged log-probs")
+
+
+def losses_reading(setting):
+    """The preference losses whose atom reads `setting` (the ones it changes something for)."""
+    return tuple(name for name, entry in PREFERENCE_LOSSES.items() if setting in entry.reads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics shared by the clipped families
+# ---------------------------------------------------------------------------------------------
+
+
+def ratio_diagnostics(ratio, advantages, cfg, zeroes, first_pass):
+    """clip_fraction (the share whose gradient the loss zeroes), the naive share outside the clip range
+    and CISPO's capped share, for the ratios one pass saw. The first pass sees ratio 1 exactly."""
+    if first_pass or zeroes != "clip":  # CISPO caps the weight and keeps the gradient; SAPO's gate fades it
+        zeroed = 0.0
+    else:
+        zeroed = clip_fraction(ratio, advantages, cfg.epsilon, cfg.epsilon_high, cfg.dual_clip, check=False).item()
+    return {
+        "clip_fraction": zeroed,
+        # the naive count, against eps (0.2 as a yardstick for CISPO and SAPO, which do not clip)
+        "outside_clip_range_fraction": ((ratio - 1.0).abs() > cfg.epsilon).double().mean().item(),
+        "capped_fraction": (ratio > cfg.epsilon_high).double().mean().item() if zeroes == "cap" else 0.0,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The GRPO family
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupCredit:
+    """advantages (B*G,) one per response; loss_mask (B*G, R) int64, the batch's mask without the
+    truncated responses when they are masked out; importance_weights (B*G, R) or None (TIS)."""
+
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    importance_weights: torch.Tensor | None
+
+    def teaches(self):
+        return bool(self.loss_mask.bool().any())  # every response masked out (all truncated): nothing to learn
+
+
+class GroupFamily:
+    """GRPO, CISPO, GSPO, SAPO: advantages relative to the prompt's group (or RLOO's leave-one-out
+    baseline), no critic, the registered loss of `cfg.algorithm`."""
+
+    needs_critic = False
+
+    def __init__(self, cfg, critic=None):
+        self.cfg, self.entry = cfg, POLICY_LOSSES[cfg.algorithm]
+        self.kl_estimator = KL_ESTIMATORS[cfg.kl_estimator]
+        kwargs = {"beta": 0.0 if cfg.kl_in == "reward" else cfg.beta, "kl_estimator": self.kl_estimator,
+                  "check": False}
+        for name in self.entry.reads:
+            if name == "reduction":
+                kwargs.update(reduction=cfg.reduction, max_new_tokens=cfg.max_new_tokens)
+            elif name != "tis_cap":
+                kwargs[name] = getattr(cfg, name)
+        self.kwargs = kwargs
+
+    def parameters(self):
+        return []
+
+    def sampler(self):
+        """(temperature, top_p) of the sampler: the trainer's unless a mismatch is asked for."""
+        return self.cfg.rollout_temperature, self.cfg.rollout_top_p
+
+    def scores(self, batch):
+        """(B*G,) the reward the advantages use: the verifier's, plus DAPO's overlong penalty, minus beta
+        times the response's summed KL estimate when the KL goes into the reward (TRL's RLOO, verl's
+        use_kl_in_reward)."""
+        cfg, scores = self.cfg, batch.rewards
+        if cfg.overlong_penalty is not None:
+            lengths = batch.mask.sum(dim=1)  # (B*G,) kept tokens, the EOS included
+            scores = scores + overlong_penalty(lengths, cfg.max_new_tokens, cfg.overlong_penalty, check=False)
+        if cfg.kl_in == "reward" and cfg.beta > 0:
+            per_token = self.kl_estimator(batch.old_logps, batch.ref_logps, check=False)  # of the sampled tokens
+            scores = scores - cfg.beta * masked(per_token, batch.mask).sum(dim=1)
+        return scores
+
+    def credit(self, batch):
+        """Group-relative advantages with the chosen std (group, batch or none: Dr. GRPO), or RLOO's
+        leave-one-out baseline; the loss mask; truncated importance weights when --tis-cap is set."""
+        cfg = self.cfg
+        if cfg.advantage == "rloo":
+            advantages = rloo_advantages(batch.scores.reshape(-1, cfg.group_size), check=False).reshape(-1)
+        else:
+            advantages = group_relative_advantages(batch.scores, cfg.group_size, eps=GROUP_EPS,
+                                                   scale=cfg.scale_rewards, check=False)
+        loss_mask = batch.mask
+        if cfg.mask_truncated:  # DAPO-style: a cut response has no verdict to learn from
+            loss_mask = loss_mask * (~batch.truncated).unsqueeze(1).long()
+        weights = None
+        if cfg.tis_cap is not None:
+            weights = masked(truncated_importance_weights(batch.old_logps, batch.sampler_logps, cfg.tis_cap,
+                                                          check=False), batch.mask)
+        return GroupCredit(advantages, loss_mask, weights)
+
+    def loss(self, logps, batch, credit, first_pass):
+        """One pass: the registered loss and the ratios it saw (per kept token, or per response for GSPO)."""
+        kwargs = self.kwargs
+        if credit.importance_weights is not None:
+            kwargs = {**kwargs, "importance_weights": credit.importance_weights}
+        loss = self.entry.atom(logps, batch.old_logps, batch.ref_logps, credit.advantages, credit.loss_mask, **kwargs)
+        with torch.no_grad():
+            kept = credit.loss_mask.bool()
+            if self.entry.ratio == "sequence":
+                ratio = sequence_log_ratio(logps.detach(), batch.old_logps, credit.loss_mask).exp()  # (B*G,)
+                signs = credit.advantages
+            else:
+                ratio = (logps.detach() - batch.old_logps).exp()[kept]  # (kept,): the ratios this pass's loss saw
+                signs = credit.advantages.unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
+            diagnostics = ratio_diagnostics(ratio, signs, self.cfg, self.entry.zeroes, first_pass)
+        return loss, diagnostics, ratio
+
+    def columns(self, batch, credit):
+        cfg, kept = self.cfg, batch.mask.bool()
+        columns = {"masked_truncated": int(batch.truncated.sum().item()) if cfg.mask_truncated else 0}
+        if credit.importance_weights is not None:
+            weights = credit.importance_weights[kept]
+            columns["importance_weight_mean"] = weights.mean().item()
+            columns["importance_weight_capped_fraction"] = (weights >= cfg.tis_cap).double().mean().item()
+        return columns
+
+    def per_response(self, batch, credit, row):
+        return {"advantage": credit.advantages[row].item()}
+
+    def settings(self):
+        cfg = self.cfg
+        return {
+            "group_advantage_eps": GROUP_EPS,
+            "kl": (f"{cfg.kl_estimator} per token, beta times it in the loss" if cfg.kl_in == "loss" else
+                   f"beta times the response's summed {cfg.kl_estimator} subtracted from its reward"),
+            "truncated_responses": ("dropped from the loss" if cfg.mask_truncated else
+                                    "kept in the loss: every real token counts (no EOS to score)"),
+        }
+
+    @staticmethod
+    def library_blocks(settings):
+        trl, verl = group_blocks(settings)
+        return {"trl": trl, "verl": verl}
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-level PPO with a critic
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenCredit:
+    """Per-token credit, each (N, R), zeros off the mask, no grad: advantages (whitened over the kept
+    tokens unless switched off), token_advantages (before whitening), returns (the critic's targets),
+    old_values, token_rewards, next_values; loss_mask is the batch's mask."""
+
+    advantages: torch.Tensor
+    token_advantages: torch.Tensor
+    returns: torch.Tensor
+    old_values: torch.Tensor
+    token_rewards: torch.Tensor
+    next_values: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def teaches(self):
+        return True  # every response has a kept token
+
+
+class TokenPPO:
+    """PPO with a critic and GAE per token (InstructGPT's recipe): the KL to the reference folded into
+    each token's reward, the verifier's reward on the last token."""
+
+    needs_critic = True
+
+    def __init__(self, cfg, critic):
+        self.cfg, self.critic = cfg, critic
+
+    def parameters(self):
+        return self.critic.parameters()
+
+    def sampler(self):
+        return None, None
+
+    def scores(self, batch):
+        return batch.rewards
+
+    def credit(self, batch):
+        """Rewards: -beta * k1(old, ref) on every kept token, plus the verifier's reward on the last kept
+        token. A response that ends with EOS is terminated; one that hit max_new_tokens without EOS is a
+        time limit: terminated=False, boundary=True, bootstrapped from V(state after the cap)
+        (--truncation terminal treats it as terminal instead, as TRL and verl do). The kept tokens are
+        laid out response-major in one stream for `gae`, whose boundary flags stop each trace at its
+        response's last token (PAD is never touched)."""
+        cfg, mask = self.cfg, batch.mask.bool()
+        with torch.no_grad():
+            values, after_cap = self.critic.values(batch.prompts, batch.completion_ids)
+            token_rewards = -cfg.beta * kl_k1(batch.old_logps, batch.ref_logps, check=False)  # (N, R)
+        lengths = mask.sum(dim=1)  # (N,)
+        last = lengths - 1
+        rows = torch.arange(mask.shape[0])
+        token_rewards = masked(token_rewards, mask) + 0.0  # + 0.0: no -0.0
+        token_rewards[rows, last] += batch.rewards
+        next_values = torch.zeros_like(values)
+        next_values[:, :-1] = values[:, 1:]  # V(s_{t+1}) inside the response
+        bootstrap = batch.truncated & (cfg.truncation == "bootstrap")
+        next_values[rows, last] = torch.where(bootstrap, after_cap, torch.zeros_like(after_cap))
+        terminated = torch.zeros_like(mask)
+        boundary = torch.zeros_like(mask)
+        terminated[rows, last] = ~bootstrap  # EOS, or the cap taken as terminal
+        boundary[rows, last] = True
+        advantages, returns = gae(  # (kept,) each: the stream of kept tokens, response-major
+            token_rewards[mask], values[mask], next_values[mask], terminated[mask], boundary[mask],
+            gamma=cfg.gamma, lam=cfg.gae_lambda, check=False,
+        )
+        token_advantages = torch.zeros_like(values)
+        full_returns = torch.zeros_like(values)
+        token_advantages[mask] = advantages
+        full_returns[mask] = returns
+        whitened = token_advantages
+        if cfg.whiten_advantages:
+            mean, std = token_advantages[mask].mean(), token_advantages[mask].std(correction=0)
+            whitened = masked((token_advantages - mean) / (std + WHITEN_EPS), mask)
+        return TokenCredit(whitened, token_advantages, full_returns, values, token_rewards, next_values, batch.mask)
+
+    def loss(self, logps, batch, credit, first_pass):
+        """PPO-Clip per token (mean over kept tokens) plus value_coef times the critic's loss,
+        0.5 * mean (V - returns)^2 (clipped around the old values with --value-clip). The advantages are
+        detached, so the actor's loss sends no gradient to the critic."""
+        cfg, kept = self.cfg, credit.loss_mask.bool()
+        count = kept.sum().clamp(min=1)
+        per_token = clipped_policy_loss(logps, batch.old_logps, credit.advantages, cfg.epsilon, check=False)  # (N, R)
+        policy_loss = masked(per_token, kept).sum() / count
+        values, _ = self.critic.values(batch.prompts, batch.completion_ids)  # (N, R), with grad
+        squared = (values - credit.returns).square()
+        if cfg.value_clip is not None:  # PPO2's value clipping, as TRL and verl
+            clipped_values = credit.old_values + (values - credit.old_values).clamp(-cfg.value_clip, cfg.value_clip)
+            squared = torch.maximum(squared, (clipped_values - credit.returns).square())
+        value_loss = 0.5 * masked(squared, kept).sum() / count
+        loss = policy_loss + cfg.value_coef * value_loss
+        with torch.no_grad():
+            ratio = (logps.detach() - batch.old_logps).exp()[kept]
+            diagnostics = ratio_diagnostics(ratio, credit.advantages[kept], cfg, "clip", first_pass)
+        diagnostics["value_loss"] = value_loss.item()
+        return loss, diagnostics, ratio
+
+    def columns(self, batch, credit):
+        kept = credit.loss_mask.bool()
+        returns, values = credit.returns[kept], credit.old_values[kept]
+        variance = returns.var(correction=0).item()
+        rows = torch.arange(kept.shape[0])
+        return {
+            "explained_variance": 1.0 - (returns - values).var(correction=0).item() / variance if variance > 0 else 0.0,
+            "advantage_first_token": credit.token_advantages[:, 0].mean().item(),
+            "advantage_last_token": credit.token_advantages[rows, kept.sum(dim=1) - 1].mean().item(),
+        }
+
+    def per_response(self, batch, credit, row):
+        kept = credit.loss_mask[row].bool()
+        return {"per_token": {  # the trace of PPO's credit, one entry per kept token
+            "rewards": credit.token_rewards[row][kept].tolist(),
+            "values": credit.old_values[row][kept].tolist(),
+            "next_values": credit.next_values[row][kept].tolist(),
+            "advantages": credit.token_advantages[row][kept].tolist(),
+            "returns": credit.returns[row][kept].tolist(),
+        }}
+
+    def settings(self):
+        return {
+            "critic": self.critic.description,
+            "kl": "per-token reward -beta * k1 against the reference, plus the verifier's reward on the last token",
+            "state_after_the_cap": self.critic.after_cap,
+            "whiten_eps": WHITEN_EPS,
+        }
+
+    @staticmethod
+    def library_blocks(settings):
+        trl, verl = ppo_blocks(settings)
+        return {"trl": trl, "verl": verl}
+
+
+# ---------------------------------------------------------------------------------------------
+# Online and offline DPO
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PairCredit:
+    """chosen / rejected (K,) rows of the batch, one pair per prompt whose rewards vary; tied_prompts,
+    the prompts that gave no pair; loss_mask the batch's mask."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    tied_prompts: int
+    loss_mask: torch.Tensor
+
+    def teaches(self):
+        return self.chosen.numel() > 0  # a batch without a pair (every prompt tied) takes no step
+
+
+class PreferenceFamily:
+    """DPO and its family on pairs made from the sampled groups: per prompt, the response with the
+    highest verifier reward (chosen) against the lowest (rejected), against the frozen initial policy."""
+
+    needs_critic = False
+
+    def __init__(self, cfg, critic=None):
+        self.cfg, self.entry = cfg, PREFERENCE_LOSSES[cfg.dpo_loss]
+
+    def parameters(self):
+        return []
+
+    def sampler(self):
+        return None, None
+
+    def scores(self, batch):
+        return batch.rewards
+
+    def credit(self, batch):
+        """The first in sampling order among equals; groups whose rewards all tie give no pair."""
+        grouped = batch.rewards.reshape(-1, self.cfg.group_size)  # (B, G)
+        offsets = torch.arange(grouped.shape[0]) * self.cfg.group_size
+        varies = ~groups_tie(batch.rewards, self.cfg.group_size)
+        chosen = (grouped.argmax(dim=1) + offsets)[varies]
+        rejected = (grouped.argmin(dim=1) + offsets)[varies]
+        return PairCredit(chosen, rejected, int((~varies).sum().item()), batch.mask)
+
+    def sequence_logps(self, logps, mask):
+        """(N,) a response's log-prob: the sum over its kept tokens, or their mean (--sequence-logp)."""
+        kept = masked(logps, mask).sum(dim=1)
+        if self.cfg.sequence_logp == "mean":
+            return kept / mask.sum(dim=1).clamp(min=1)
+        return kept
+
+    def loss(self, logps, batch, credit, first_pass):
+        """One pass of the preference loss over the pairs, and the relative margin it saw (nats)."""
+        cfg, chosen, rejected = self.cfg, credit.chosen, credit.rejected
+        sequence = self.sequence_logps(logps, batch.mask)  # (N,)
+        ref = self.sequence_logps(batch.ref_logps, batch.mask)
+        extra = {keyword: getattr(cfg, name) for name, keyword in self.entry.reads.items()}
+        references = (ref[chosen], ref[rejected]) if self.entry.reference else ()
+        per_pair = self.entry.atom(sequence[chosen], sequence[rejected], *references, cfg.dpo_beta, **extra,
+                                   check=False)
+        with torch.no_grad():  # the relative margin each pass saw, in nats of sequence log-prob
+            margin = ((sequence[chosen] - sequence[rejected]) - (ref[chosen] - ref[rejected])).mean().item()
+        return per_pair.mean(), {"preference_margin": margin}, None
+
+    def columns(self, batch, credit):
+        return {"pairs": int(credit.chosen.numel()), "tied_prompts": credit.tied_prompts}
+
+    def per_response(self, batch, credit, row):
+        return {}
+
+    def settings(self):
+        return {
+            "pairs": ("per prompt, the highest-reward response (chosen) against the lowest (rejected); prompts "
+                      "whose rewards all tie give no pair"),
+            "data": ("sampled from the frozen initial policy, B x G per iteration" if self.cfg.offline
+                     else "sampled from the current policy each iteration"),
+        }
+
+    @staticmethod
+    def library_blocks(settings):
+        trl, verl = dpo_blocks(settings)
+        return {"trl": trl, "verl": verl}
+
+
+FAMILIES = {"group": GroupFamily, "ppo": TokenPPO, "dpo": PreferenceFamily}
+
+
+def family_of(algorithm):
+    """The family an algorithm belongs to: every registered policy loss is in the GRPO family."""
+    return "group" if algorithm in POLICY_LOSSES else algorithm
+
+
+ALGORITHMS = ("ppo", "dpo") + tuple(POLICY_LOSSES)
+FOUR_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")  # --algorithm all: the article's three and CISPO
+
+
+def mean_of(values):
+    return math.fsum(values) / len(values) if values else 0.0

@@ -1,0 +1,202 @@
+"""Every setting of the online driver, declared once: the fields of `OnlineConfig`. The command line,
+`--help`, validation, per-algorithm defaults, the JSON "settings" block and the default output folder
+are derived from these declarations (lab_settings.py says how).
+
+    cfg = resolve({"algorithm": "cispo", "reduction": "token"})   # an OnlineConfig, or SettingError
+    cfg.epsilon_high                                              # 5.0: CISPO's own default
+
+An option that does not apply to the algorithm is an error, and so is one that another option switches
+off (--label-smoothing with the sigmoid loss): a setting that would change nothing must not be silently
+accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lab_settings import SEED, STEPS, SettingError, check_value, declared, setting
+from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of, losses_reading
+from rl_lab import KL_ESTIMATORS, REDUCTIONS
+
+MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
+# B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
+MAX_TOKEN_POSITIONS = 2**20
+GROUP = tuple(POLICY_LOSSES)  # the GRPO family: every registered policy loss
+EVERY = ALGORITHMS
+
+
+def _shared(item, default):
+    return setting(default, item.help, kind=item.kind, low=item.low, high=item.high)
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineConfig:
+    """One online run's settings; field order is the order of the JSON "settings" block."""
+
+    # every algorithm
+    algorithm: str = setting("grpo", "what to train", choices=ALGORITHMS)
+    steps: int = _shared(STEPS, 60)
+    seed: int = _shared(SEED, 7)
+    prompts: int = setting(8, "prompts drawn per iteration (B)", low=1, high=4096)
+    group_size: int = setting(8, "responses per prompt (G); B*G responses per iteration for every algorithm",
+                              low=2, high=1024)
+    max_new_tokens: int = setting(5, "cap on response length; a response that reaches it without EOS is truncated",
+                                  low=1, high=64)
+    temperature: float = setting(1.0, "temperature of the trainer's policy (sampling and every log-prob)",
+                                 low=MIN_TEMPERATURE, high=10.0)
+    updates_per_batch: int = setting(2, "Adam steps on each batch (ratios leave 1 after the first)", low=1, high=64)
+    beta: float = setting(0.02, "KL weight: GRPO family, the KL to the reference in the loss (or the reward); "
+                          "PPO, the per-token -beta * k1 reward", low=0.0, high=10.0, applies=("ppo",) + GROUP)
+    learning_rate: float = setting(0.2, "Adam learning rate", low=0.0, high=10.0, low_open=True, flag="--lr")
+    # the GRPO family
+    reduction: str = setting("sequence", "sequence = mean per response then over responses (GRPO, the lesson); "
+                             "token = mean over all kept tokens (DAPO); constant = sum / (B*G*max_new_tokens) "
+                             "(Dr. GRPO)", choices=REDUCTIONS, applies=())
+    epsilon: float = setting(0.2, "clip half-width below 1", low=0.0, high=1.0, high_open=True, applies=("ppo",),
+                             default_text="0.2, gspo 3e-4")
+    epsilon_high: float = setting(None, "upper clip half-width (DAPO's clip-higher); cispo: the absolute cap on "
+                                  "the ratio", low=0.0, high=100.0, optional=True, applies=(),
+                                  default_text="--epsilon; cispo 5.0, gspo 4e-4")
+    dual_clip: float = setting(None, "dual-clip constant c > 1: the loss of an A < 0 token is at most -c * A",
+                               low=1.0, high=1e6, low_open=True, optional=True, applies=())
+    tau_pos: float = setting(1.0, "SAPO's gate temperature for A > 0", low=0.0, high=100.0, low_open=True,
+                             applies=())
+    tau_neg: float = setting(1.05, "SAPO's gate temperature for A < 0", low=0.0, high=100.0, low_open=True,
+                             applies=())
+    advantage: str = setting("grpo", "grpo = (reward - group mean) / std; rloo = reward - mean of the other "
+                             "responses of the prompt", choices=("grpo", "rloo"), applies=GROUP)
+    scale_rewards: str = setting("group", "divide by the group's std, the batch's, or none (Dr. GRPO)",
+                                 choices=("group", "batch", "none"), applies=GROUP, requires=("advantage", ("grpo",)))
+    kl_estimator: str = setting("k3", "the per-token KL estimator (k3 as the lesson; k1 = log-ratio; k2 = half "
+                                "its square)", choices=tuple(KL_ESTIMATORS), applies=GROUP)
+    kl_in: str = setting("loss", "the KL as a loss term, or subtracted from each response's reward (beta times "
+                         "its summed estimate) before the advantages", choices=("loss", "reward"), applies=GROUP)
+    mask_truncated: bool = setting(False, "drop responses that hit the cap from the loss", applies=GROUP)
+    overlong_penalty: int = setting(None, "DAPO's soft overlong punishment with this cache (tokens before the "
+                                    "cap where it ramps to -1)", low=1, high="max_new_tokens", optional=True,
+                                    applies=GROUP)
+    dynamic_sampling: bool = setting(False, "resample until every group's rewards vary (DAPO), counting every "
+                                     "extra response", applies=GROUP)
+    max_resample_rounds: int = setting(8, "extra batches drawn at most", low=1, high=64,
+                                       applies=GROUP, requires=("dynamic_sampling", (True,)))
+    rollout_temperature: float = setting(None, "sample at this temperature while the trainer scores at "
+                                         "--temperature (a sampler/trainer mismatch)", low=MIN_TEMPERATURE,
+                                         high=10.0, optional=True, applies=GROUP)
+    rollout_top_p: float = setting(None, "sample from the top-p nucleus while the trainer scores the full "
+                                   "distribution", low=0.0, high=1.0, low_open=True, optional=True, applies=GROUP)
+    tis_cap: float = setting(None, "weight each token's policy term by min(p_trainer / p_sampler, cap) "
+                             "(truncated importance sampling)", low=1.0, high=1e6, optional=True, applies=())
+    # PPO
+    gamma: float = setting(1.0, "discount", low=0.0, high=1.0, applies=("ppo",))
+    gae_lambda: float = setting(0.95, "GAE lambda", low=0.0, high=1.0, applies=("ppo",))
+    truncation: str = setting("bootstrap", "a response cut at the cap bootstraps V(state after the cap) (the "
+                              "lab's time limit), or is terminal (TRL, verl)", choices=("bootstrap", "terminal"),
+                              applies=("ppo",))
+    cap_value: str = setting("table", "the value of the state after the cap comes from its "
+                             "own critic row (never visited: 0) or the last position's (shared)",
+                             choices=("table", "shared"), applies=("ppo",), requires=("truncation", ("bootstrap",)))
+    whiten_advantages: bool = setting(True, "whiten the advantages over the batch's kept tokens, as TRL and verl; "
+                                      "--no-whiten switches it off", applies=("ppo",), flag="--no-whiten",
+                                      action="store_false")
+    value_coef: float = setting(0.5, "weight of the critic's loss", low=0.0, high=100.0, applies=("ppo",))
+    value_clip: float = setting(None, "clip the value update around the old values (PPO2)", low=0.0, high=100.0,
+                                low_open=True, optional=True, applies=("ppo",))
+    # DPO
+    dpo_loss: str = setting("sigmoid", "sigmoid (DPO), ipo, hinge (SLiC), cdpo (label smoothing), robust (rDPO), "
+                            "simpo (no reference, length-averaged)", choices=tuple(PREFERENCE_LOSSES),
+                            applies=("dpo",))
+    dpo_beta: float = setting(0.5, "beta of the loss", low=1e-6, high=100.0, applies=("dpo",),
+                              default_text="0.5; ipo and hinge 0.1; simpo 2.0")
+    label_smoothing: float = setting(0.0, "the believed label-flip rate e", low=0.0, high=0.5, high_open=True,
+                                     applies=("dpo",), requires=("dpo_loss", losses_reading("label_smoothing")))
+    simpo_gamma: float = setting(0.5, "SimPO's target margin gamma", low=0.0, high=100.0, applies=("dpo",),
+                                 requires=("dpo_loss", losses_reading("simpo_gamma")))
+    sequence_logp: str = setting("sum", "a response's log-prob is the sum over its tokens (DPO) or their mean",
+                                 choices=("sum", "mean"), applies=("dpo",), default_text="sum; simpo mean")
+    offline: bool = setting(False, "pairs sampled from the frozen initial policy, not the current one (online vs "
+                            "offline, one flag apart)", applies=("dpo",))
+
+
+SETTINGS = declared(OnlineConfig)
+BY_NAME = {item.name: item for item in SETTINGS}
+
+
+def applies_to(item):
+    """The algorithms a setting applies to: its declared ones (None: every one), and every registered
+    policy loss that reads it."""
+    if item.applies is None:
+        return EVERY
+    readers = tuple(name for name, entry in POLICY_LOSSES.items() if item.name in entry.reads)
+    return tuple(name for name in EVERY if name in item.applies or name in readers)
+
+
+APPLIES = {item.name: applies_to(item) for item in SETTINGS}
+
+
+def _error(name, reason):
+    item = BY_NAME[name]
+    return SettingError(name, item.option, reason)
+
+
+def check_applies(algorithm, options):
+    """SettingError for the first option that does not apply to `algorithm`."""
+    for name in options:
+        if name not in BY_NAME:
+            raise SettingError(name, "--" + name.replace("_", "-"),
+                               f"not a setting of the online run (expected one of {', '.join(BY_NAME)})")
+        if algorithm not in APPLIES[name]:
+            raise _error(name, f"does not apply to {algorithm} (only to {', '.join(APPLIES[name])})")
+
+
+def resolve(options):
+    """An OnlineConfig from {name: value}: the declared defaults, then the algorithm's (and the
+    preference loss's) own, then `options`; every value checked once. Raises SettingError (a ValueError
+    whose message starts with the setting's name) for an unknown, inapplicable or bad setting."""
+    algorithm = check_value(BY_NAME["algorithm"], options.get("algorithm", BY_NAME["algorithm"].default))
+    check_applies(algorithm, options)
+    values = {item.name: item.default for item in SETTINGS}
+    if family_of(algorithm) == "group":
+        values.update(POLICY_LOSSES[algorithm].defaults)
+    dpo_loss = check_value(BY_NAME["dpo_loss"], options.get("dpo_loss", values["dpo_loss"]))
+    values.update(PREFERENCE_LOSSES[dpo_loss].defaults)
+    values.update(options)
+    ranges = POLICY_LOSSES[algorithm].ranges if algorithm in POLICY_LOSSES else {}
+    for item in SETTINGS:
+        if item.name in ranges:
+            item = dataclasses.replace(item, **ranges[item.name])
+        high = values[item.high] if isinstance(item.high, str) else None
+        values[item.name] = check_value(item, values[item.name], high=high)
+    for name in options:  # an option that another option switches off would change nothing: an error
+        needs = BY_NAME[name].requires
+        if needs is not None and values[needs[0]] not in needs[1]:
+            holds = " or ".join(map(str, needs[1]))
+            raise _error(name, f"applies only with {needs[0]} {holds}, got {values[needs[0]]}")
+    positions = values["prompts"] * values["group_size"] * values["max_new_tokens"]
+    if positions > MAX_TOKEN_POSITIONS:
+        raise _error("prompts", f"prompts * group_size * max_new_tokens = {positions} token positions per batch, "
+                                f"more than {MAX_TOKEN_POSITIONS}")
+    return OnlineConfig(**values)
+
+
+def settings_block(cfg):
+    """The run's settings that apply to its algorithm, in declaration order (the JSON "settings" head)."""
+    return {item.name: getattr(cfg, item.name) for item in SETTINGS if cfg.algorithm in APPLIES[item.name]}
+
+
+def default_output(algorithm, options):
+    """The folder a run writes when --output is not given: results-online-<algorithm>[-<reduction>], then
+    every other option that differs from its default (results-online-grpo-sequence-advantage-rloo), so
+    that only the default run writes the committed default folder."""
+    if algorithm == "all":
+        name = "results-online-all"
+    elif algorithm in GROUP:  # gspo has no reduction of its own: it averages per sequence
+        reduction = options.get("reduction", BY_NAME["reduction"].default)
+        name = f"results-online-{algorithm}-{reduction if algorithm in APPLIES['reduction'] else 'sequence'}"
+    else:
+        name = f"results-online-{algorithm}"
+    for key, value in options.items():
+        if key not in ("reduction", "algorithm") and value != BY_NAME[key].default:
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            name += f"-{key.replace('_', '-')}-{shown}"
+    return name
+

@@ -1,0 +1,210 @@
+"""The online driver's policies, behind one small interface, and the lookup-table policy.
+
+The online loop talks to a policy only through these members (a transformer with a KV cache, left-padded
+prompts and a sampler in another precision fits behind the same ones):
+
+    sample(prompts, generator, temperature=None, top_p=None) -> Samples
+        responses to prompts (N,) (global prompt indices of the task), drawn token by token without
+        gradient, and the log-prob the sampler gave each sampled token
+    logits(prompts, completion_ids) -> (N, R, V)
+        the trainer's tempered next-token logits at every completion position (teacher forcing), with
+        gradient: the log-probs, ratios and entropies of the loop all come from these
+    parameters(), snapshot()
+        the trainable tensors; a frozen copy (the old policy before each batch, the reference)
+    critic(cap_value) -> a value function with parameters() and values(prompts, completion_ids)
+        what PPO trains beside the policy
+    response_kl(reference) -> float
+        KL(policy || reference) over whole responses, in nats, averaged over the task's prompts
+
+Shape notation: N responses, R completion positions (max_new_tokens), V vocabulary, P prompts of the
+task, S = V + 1 previous-token states (the vocabulary and the start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lab_checks import check_tensor
+
+DTYPE = torch.float64
+DEVICE = torch.device("cpu")
+
+
+@dataclass
+class Samples:
+    """What sampling returns, all without gradient.
+
+    completion_ids (N, R) int64, PAD after the first EOS; real (N, R) bool, True up to and including the
+    first EOS; truncated (N,) bool, the response hit R tokens without an EOS; sampler_logps (N, R), the
+    log-prob of each sampled token under the distribution it was drawn from (after temperature and
+    top-p), 0 past the end."""
+
+    completion_ids: torch.Tensor
+    real: torch.Tensor
+    truncated: torch.Tensor
+    sampler_logps: torch.Tensor
+
+
+def nucleus(probs, top_p):
+    """(N, V) probabilities restricted to the smallest set of most likely tokens whose mass reaches
+    top_p (the token that crosses it included), renormalized: top-p sampling (Holtzman et al. 2019,
+    arXiv 1904.09751, sec. 3.1)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above each one
+    keep_sorted = before < top_p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def logps_of_tokens(logits, completion_ids):
+    """(N, R) log-prob of each token in completion_ids under (N, R, V) logits."""
+    logp = torch.log_softmax(logits, dim=-1)  # (N, R, V)
+    return logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (N, R, 1) -> (N, R)
+
+
+def entropies(logits):
+    """(N, R) entropy in nats of each position's next-token distribution, from (N, R, V) logits."""
+    logp = torch.log_softmax(logits, dim=-1)  # (N, R, V)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The lookup-table policy
+# ---------------------------------------------------------------------------------------------
+# Indexed by (prompt, position, previous token): the previous token is what an autoregressive model
+# conditions on; the position lets the table write "11" and "100", whose repeated digits a
+# previous-token-only table could not tell apart. It shares nothing across prompts or positions.
+
+
+def previous_tokens(completion_ids, bos_state):
+    """(N, R) the token before each completion position; position 0's is the start state."""
+    bos = torch.full((completion_ids.shape[0], 1), bos_state, dtype=torch.long, device=DEVICE)
+    return torch.cat([bos, completion_ids[:, :-1]], dim=1)
+
+
+class TablePolicy:
+    """A table of next-token logits (P, R, S, V), tempered by the trainer's temperature.
+
+    Sampling and scoring index the same table with the same temperature, so a snapshot's log-probs of its
+    own samples equal the scored ones bit for bit (the ratio is exactly 1 before the first update)."""
+
+    description = "table of logits (prompt, position, previous token) -> next token, zeros at start (uniform)"
+
+    def __init__(self, table, temperature, eos_id):
+        self.table, self.temperature, self.eos_id = table, temperature, eos_id
+        self.bos_state = table.shape[2] - 1  # the last state: no token yet
+
+    @classmethod
+    def uniform(cls, task, max_new_tokens, temperature):
+        """All-zero logits (a uniform policy) for `task`, trainable."""
+        shape = (task.prompt_count("train"), max_new_tokens, len(task.vocab) + 1, len(task.vocab))
+        return cls(torch.zeros(shape, dtype=DTYPE, device=DEVICE, requires_grad=True), temperature, task.eos_id)
+
+    def parameters(self):
+        return [self.table]
+
+    def snapshot(self):
+        """A frozen copy: the old policy that samples a batch, or the reference."""
+        return TablePolicy(self.table.detach().clone(), self.temperature, self.eos_id)
+
+    def _next_logits(self, prompts, positions, previous, temperature):
+        return self.table[prompts, positions, previous] / temperature  # (..., V)
+
+    def logits(self, prompts, completion_ids):
+        """(N, R, V) tempered logits at every completion position, given the tokens before it (teacher forcing).
+
+        prompts (N,) int64; completion_ids (N, L) int64 with L <= R."""
+        count, length = completion_ids.shape
+        positions = torch.arange(length, device=DEVICE).expand(count, length)  # (L,) -> (N, L)
+        previous = previous_tokens(completion_ids, self.bos_state)
+        return self._next_logits(prompts.unsqueeze(1), positions, previous, self.temperature)
+
+    def sample(self, prompts, generator, temperature=None, top_p=None):
+        """One completion per prompt, token by token (see `Samples`); temperature and top_p default to
+        the trainer's (1 and off): other values make a sampler that differs from the trainer."""
+        temperature = self.temperature if temperature is None else temperature
+        count, length = prompts.shape[0], self.table.shape[1]
+        completion_ids = torch.full((count, length), self.eos_id, dtype=torch.long, device=DEVICE)
+        real = torch.zeros(count, length, dtype=torch.bool, device=DEVICE)
+        sampler_logps = torch.zeros(count, length, dtype=self.table.dtype)
+        previous = torch.full((count,), self.bos_state, dtype=torch.long, device=DEVICE)
+        finished = torch.zeros(count, dtype=torch.bool, device=DEVICE)
+        with torch.no_grad():
+            for position in range(length):
+                positions = torch.full((count,), position, dtype=torch.long, device=DEVICE)
+                probs = torch.softmax(self._next_logits(prompts, positions, previous, temperature), dim=-1)  # (N, V)
+                if top_p is not None:
+                    probs = nucleus(probs, top_p)
+                tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (N, 1) -> (N,)
+                chosen = probs.gather(1, tokens.unsqueeze(1)).squeeze(1).log()
+                sampler_logps[:, position] = torch.where(finished, torch.zeros_like(chosen), chosen)
+                tokens = torch.where(finished, torch.full_like(tokens, self.eos_id), tokens)  # PAD after the EOS
+                real[:, position] = ~finished
+                completion_ids[:, position] = tokens
+                finished = finished | (tokens == self.eos_id)
+                previous = tokens
+        return Samples(completion_ids, real, ~finished, sampler_logps)
+
+    def critic(self, cap_value):
+        return TableCritic(self.table.shape, self.bos_state, cap_value)
+
+    def response_kl(self, reference):
+        """Exact KL(policy || reference) between the two distributions over whole responses, in nats,
+        averaged over the prompts: by the chain rule, the sum over positions of each state's categorical
+        KL weighted by the probability that the policy reaches that state (no sampling). The same
+        temperature tempers both, as in training."""
+        table, temperature = self.table.detach(), self.temperature
+        with torch.no_grad():
+            logp = torch.log_softmax(table / temperature, dim=-1)  # (P, R, S, V)
+            ref_logp = torch.log_softmax(reference.table / temperature, dim=-1)
+            kl_state = (logp.exp() * (logp - ref_logp)).sum(dim=-1)  # (P, R, S)
+            reach = torch.zeros(table.shape[0], table.shape[2], dtype=table.dtype)  # (P, S): p(state at position t)
+            reach[:, self.bos_state] = 1.0
+            total = torch.zeros(table.shape[0], dtype=table.dtype)
+            for position in range(table.shape[1]):
+                total = total + (reach * kl_state[:, position]).sum(dim=1)
+                flow = (reach.unsqueeze(-1) * logp[:, position].exp()).sum(dim=1)  # (P, V): p(next token)
+                reach = torch.zeros_like(reach)
+                reach[:, : table.shape[3]] = flow
+                reach[:, self.eos_id] = 0.0  # an EOS ends the response: nothing follows it
+            return total.mean().item()
+
+    def check(self, name="table"):
+        check_tensor(name, self.table, ndim=4)
+        return self
+
+
+class TableCritic:
+    """PPO's critic for the table policy: V(prompt, position, previous token), a (P, R+1, S) table of
+    zeros at the start; row R is the state after the cap.
+
+    cap_value "table": the state after the cap has its own row, which no response ever acts in, so it
+    keeps its initial 0. "shared": it takes the last position's entry for the same prompt and previous
+    token, what a critic that shares its estimate across positions (as a language model's value head
+    does) gives."""
+
+    def __init__(self, table_shape, bos_state, cap_value):
+        prompts, length, states, _ = table_shape
+        self.table = torch.zeros((prompts, length + 1, states), dtype=DTYPE, device=DEVICE, requires_grad=True)
+        self.bos_state, self.cap_value = bos_state, cap_value
+        self.description = ("table of values (prompt, position, previous token), zeros at start, same Adam step")
+        self.after_cap = (
+            "its own row of the critic table, which no response ever acts in: it keeps its initial 0"
+            if cap_value == "table" else
+            "the critic's last-position entry for the same prompt and previous token (a critic that shares "
+            "across positions)")
+
+    def parameters(self):
+        return [self.table]
+
+    def values(self, prompts, completion_ids):
+        """(N, R) V(s_t) of every completion position and (N,) V of the state after the cap, with gradient."""
+        count, length = completion_ids.shape
+        positions = torch.arange(length, device=DEVICE).expand(count, length)  # (R,) -> (N, R)
+        values = self.table[prompts.unsqueeze(1), positions, previous_tokens(completion_ids, self.bos_state)]
+        cap_position = length if self.cap_value == "table" else length - 1
+        after_cap = self.table[prompts, cap_position, completion_ids[:, -1]]  # (N,)
+        return values, after_cap
