@@ -306,6 +306,16 @@ class ValueHead(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "value head"):
             small_model().values(ids, mask)
 
+    def test_a_separate_critic_starts_from_the_policy_weights(self):
+        policy = small_model(seed=7)
+        critic = TinyLM(dataclasses.replace(policy.config, value_head=True)).double()
+        missing = critic.load_state_dict(policy.state_dict(), strict=False).missing_keys
+        self.assertEqual(sorted(missing), ["value_head.bias", "value_head.weight"])
+        ids, mask = padded_batch([p + c for p, c in PAIRS], 9, "left")
+        logits, values = critic.logits_and_values(ids, mask)
+        self.assertTrue(torch.equal(logits, policy(ids, mask)))
+        self.assertTrue(torch.equal(values, torch.zeros(3, 9, dtype=torch.float64)))
+
 
 # ---------------------------------------------------------------------------------------------
 # Sampling: top-p, the inverse CDF, the KV cache, lower precision
@@ -333,11 +343,12 @@ class Sampling(unittest.TestCase):
 
     def test_inverse_cdf_draws_each_token_with_its_probability_and_never_a_zero(self):
         log_probs = t([[0.2, 0.0, 0.5, 0.3]]).log()
-        uniforms = t([0.0, 0.3, 0.5, 0.79, 0.81, 1 - 1e-12])  # threshold (1 - u): 1, .7, .5, .21, .19, ~0
+        # cdf [.2, .2, .7, 1]; threshold (1 - u) * 1: 1 (u = 0, the top end), .65, .5, .25, .15, ~0
+        uniforms = t([0.0, 0.35, 0.5, 0.75, 0.85, 1 - 1e-12])
         tokens = sample_tokens(log_probs.expand(6, 4), uniforms)
         self.assertEqual(tokens.tolist(), [3, 2, 2, 2, 0, 0])
-        draws = sample_tokens(log_probs.expand(20_000, 4), torch.rand(20_000, generator=torch.Generator().manual_seed(0),
-                                                                       dtype=torch.float64))
+        uniforms = torch.rand(20_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        draws = sample_tokens(log_probs.expand(20_000, 4), uniforms)
         frequencies = torch.bincount(draws, minlength=4).double() / 20_000
         self.assertEqual(int(frequencies[1]), 0)
         self.assertLess(float((frequencies - t([0.2, 0.0, 0.5, 0.3])).abs().max()), 0.015)

@@ -79,7 +79,7 @@ class TinyLMConfig:
 
 def _mask_int64(name, mask, ndim=2):
     check_tensor(name, mask, kind="mask", ndim=ndim)
-    return mask.long()  # int64: an int8 mask summed over 200 positions must not wrap round
+    return mask.long()
 
 
 def position_ids_from_mask(attention_mask):
@@ -90,8 +90,11 @@ def position_ids_from_mask(attention_mask):
     the last real token before them (0 before the first one); their value never matters because no
     real query attends to them.
     """
-    mask = _mask_int64("attention_mask", attention_mask)
-    return (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    return _position_ids(_mask_int64("attention_mask", attention_mask))
+
+
+def _position_ids(attention_mask):
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # int64: an int8 cumsum would wrap round
 
 
 def causal_padding_mask(attention_mask, query_count):
@@ -234,7 +237,7 @@ class TinyLM(nn.Module):
         with torch.random.fork_rng(devices=[]):  # the layers' own default init is overwritten below
             self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
             self.position_embedding = nn.Embedding(config.max_len, config.d_model)
-            self.dropout = nn.Dropout(config.dropout)
+            self.embedding_dropout = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
             self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -273,17 +276,17 @@ class TinyLM(nn.Module):
         Raises ValueError naming the argument: bad dtype/shape, ids outside [0, V), positions outside
         [0, max_len), a cache that is full.
         """
-        batch, length = input_ids.shape[0], input_ids.shape[-1]
+        if check:
+            self._check_inputs(input_ids, attention_mask, position_ids, cache)
+        batch, length = input_ids.shape
         past = 0 if cache is None else cache.length
         if attention_mask is None:
             attention_mask = torch.ones(batch, past + length, dtype=torch.long)
-        if check:
-            self._check_inputs(input_ids, attention_mask, position_ids, cache)
         if position_ids is None:
-            position_ids = position_ids_from_mask(attention_mask)[:, past:]  # (N, Tk) -> (N, Tq)
+            position_ids = _position_ids(attention_mask)[:, past:]  # (N, Tk) -> (N, Tq); checked above
         mask = causal_padding_mask(attention_mask, length)  # (N, 1, Tq, Tk)
         x = self.token_embedding(input_ids.long()) + self.position_embedding(position_ids.long())  # (N, Tq, D)
-        x = self.dropout(x)
+        x = self.embedding_dropout(x)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask, cache, layer)
         if cache is not None:
@@ -296,9 +299,10 @@ class TinyLM(nn.Module):
         vocab = self.config.vocab_size
         if bool(((input_ids.long() < 0) | (input_ids.long() >= vocab)).any()):
             raise ValueError(f"input_ids: expected token ids in [0, {vocab}), got values outside")
-        check_tensor("attention_mask", attention_mask, kind="mask", ndim=2)
         past = 0 if cache is None else cache.length
-        if attention_mask.shape != (batch, past + length):
+        if attention_mask is not None:
+            check_tensor("attention_mask", attention_mask, kind="mask", ndim=2)
+        if attention_mask is not None and attention_mask.shape != (batch, past + length):
             raise ValueError(f"attention_mask: expected shape {(batch, past + length)} (cached + new positions), "
                              f"got {tuple(attention_mask.shape)}")
         if position_ids is not None:
@@ -321,13 +325,18 @@ class TinyLM(nn.Module):
         """(N, T) value of each prefix: values[:, t] estimates the return after tokens 0..t, i.e. the value
         of the state in which token t+1 is chosen. Needs `config.value_head`; arguments as `hidden_states`.
 
-        The lab supports both critics PPO uses on language models. Shared trunk: one TinyLM with the
-        value head, trained on policy loss + vf_coef * value loss (the original RLHF recipe, TRL's old
-        AutoModelForCausalLMWithValueHead); cheap, but the value loss moves the policy's features.
-        Separate critic: a second TinyLM with value_head=True (its LM head unused), usually initialized
-        from the SFT policy's weights, with its own optimizer (TRL's PPOTrainer value_model and verl's
-        critic do this); the policy and the critic cannot disturb each other. Same class, so the
-        loop chooses by configuration.
+        Both critics PPO uses on language models are this one class. The separate critic is the
+        default to build: a second TinyLM with value_head=True (its LM head unused), initialized from
+        the SFT policy and trained with its own optimizer, as TRL's PPOTrainer (value_model) and verl
+        (critic) do; the value loss then cannot move the policy's features, and the policy's clipping
+        cannot hold the critic back:
+
+            critic = TinyLM(dataclasses.replace(policy.config, value_head=True))
+            critic.load_state_dict(policy.state_dict(), strict=False)  # every weight but the value head
+
+        The shared trunk (one TinyLM with the value head, loss = policy loss + vf_coef * value loss,
+        `logits_and_values` for one pass) is the original RLHF recipe and TRL's older
+        AutoModelForCausalLMWithValueHead: half the compute, coupled losses.
         Raises ValueError when the model has no value head.
         """
         return self.logits_and_values(input_ids, attention_mask, position_ids, check=check)[1]
