@@ -112,21 +112,24 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
             if backward:
                 log_probs.sum().backward()
 
-        def per_call(function):
-            return timed_call(lambda: [function() for _ in range(repeats)], runs)[0] / repeats
+        def per_call(function):  # (median, min) seconds of one call
+            median, fastest = timed_call(lambda: [function() for _ in range(repeats)], runs)
+            return median / repeats, fastest / repeats
 
         lines = [f"tiny_lm.py (default config, {model.num_parameters():,} parameters, 1 thread): {batch} prompts "
                  f"of 4-{prompt_width} tokens, left-padded, x {new_tokens} new tokens ({batch * steps} sampled)"]
         for name, options in (("sampling with the KV cache", {}), ("sampling without the cache", {"use_cache": False}),
                               ("sampling with the cache, bfloat16", {"dtype": torch.bfloat16}),
                               ("sampling with the cache, float16", {"dtype": torch.float16})):
-            seconds = per_call(lambda: sample(**options))
-            lines.append(f"  {name:36s} {seconds * 1e3:7.1f} ms  {batch * steps / seconds:9,.0f} tokens/s")
+            seconds, fastest = per_call(lambda: sample(**options))
+            lines.append(f"  {name:36s} {seconds * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
+                         f"{batch * steps / seconds:9,.0f} tokens/s")
         with torch.no_grad():
-            forward = per_call(lambda: score(False))
-        lines.append(f"  {'scoring forward (no gradient)':36s} {forward * 1e3:7.1f} ms  "
+            forward, fastest = per_call(lambda: score(False))
+        lines.append(f"  {'scoring forward (no gradient)':36s} {forward * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
                      f"({batch} x {out.sequences.shape[1]} tokens)")
-        lines.append(f"  {'scoring forward + backward':36s} {per_call(lambda: score(True)) * 1e3:7.1f} ms")
+        both, fastest = per_call(lambda: score(True))
+        lines.append(f"  {'scoring forward + backward':36s} {both * 1e3:7.1f} ms [{fastest * 1e3:.1f}]")
     return lines
 
 
