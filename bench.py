@@ -7,8 +7,9 @@ It prints (and writes nothing), per driver: the wall time of the whole default c
 process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which
 imports torch._dynamo); the training loop alone, in this process after that start-up; and, for the
 online driver, the sampled tokens per second. For the transformer policy (tiny_lm.py): sampled tokens
-per second with and without the KV cache and in lower precisions, and the time to score a batch. Timings are machine-dependent and noisy: compare medians
-of the same script on the same machine, never against a number measured elsewhere.
+per second with and without the KV cache and in lower precisions, and the time to score a batch.
+Timings are machine-dependent and noisy: compare medians of the same script on the same machine,
+never against a number measured elsewhere.
 """
 
 from __future__ import annotations

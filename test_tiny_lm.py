@@ -35,6 +35,11 @@ TOL = 1e-12
 SMALL = dict(vocab_size=8, max_len=24)  # EOS has probability ~1/8 per step: lengths vary
 
 
+def largest(difference):
+    """max |difference| as a float (detached: some of the compared tensors carry gradient)."""
+    return difference.detach().abs().max().item()
+
+
 def small_model(seed=0, dtype=torch.float64, **options):
     config = TinyLMConfig(**{**SMALL, **options})
     return TinyLM(config, generator=torch.Generator().manual_seed(seed)).to(dtype)
@@ -137,7 +142,7 @@ class ConfigAndModel(unittest.TestCase):
         for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
             self.assertTrue(torch.equal(pa, pb), name)
         self.assertFalse(torch.equal(a.lm_head.weight, small_model(seed=6).lm_head.weight))
-        self.assertAlmostEqual(float(a.blocks[0].mlp.proj.weight.std()), 0.02 / math.sqrt(2 * 2), delta=0.002)
+        self.assertAlmostEqual(a.blocks[0].mlp.proj.weight.std().item(), 0.02 / math.sqrt(2 * 2), delta=0.002)
 
     def test_forward_matches_a_hand_written_reference(self):
         model = small_model(seed=1, init_std=0.3)  # large weights: every term matters
@@ -145,8 +150,8 @@ class ConfigAndModel(unittest.TestCase):
         with torch.no_grad():
             logits = model(torch.tensor([ids]))[0]  # (T, V)
             expected = reference_logits(model, ids)
-        self.assertLess(float((logits - expected).abs().max()), TOL)
-        self.assertGreater(float(expected.std()), 0.1)  # the comparison is not between two near-zero tensors
+        self.assertLess(largest(logits - expected), TOL)
+        self.assertGreater(expected.std().item(), 0.1)  # the comparison is not between two near-zero tensors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,9 +184,9 @@ class MasksAndPositions(unittest.TestCase):
         base = model(ids, mask)
         later = model(torch.tensor([[PAD, PAD, 3, 4, 7, 7]]), mask)
         other_pad = model(torch.tensor([[5, 2, 3, 4, 5, 6]]), mask)  # what a masked slot holds is invisible
-        self.assertLess(float((base[:, 2:4] - later[:, 2:4]).abs().max()), TOL)
-        self.assertGreater(float((base[:, 4:] - later[:, 4:]).abs().max()), 1e-3)
-        self.assertLess(float((base[:, 2:] - other_pad[:, 2:]).abs().max()), TOL)
+        self.assertLess(largest(base[:, 2:4] - later[:, 2:4]), TOL)
+        self.assertGreater(largest(base[:, 4:] - later[:, 4:]), 1e-3)
+        self.assertLess(largest(base[:, 2:] - other_pad[:, 2:]), TOL)
 
     def test_completion_log_probs_same_alone_left_padded_right_padded(self):
         model = small_model(seed=3)
@@ -199,7 +204,7 @@ class MasksAndPositions(unittest.TestCase):
             batch = completion_values(completion_log_probs(model, ids, mask, completion_mask), completion_mask)
             for row, (one, batched) in enumerate(zip(alone, batch)):
                 self.assertEqual(one.shape, (len(PAIRS[row][1]),))
-                self.assertLess(float((one - batched).abs().max()), TOL, f"{side} row {row}")
+                self.assertLess(largest(one - batched), TOL, f"{side} row {row}")
 
     def test_arange_positions_on_a_left_padded_batch_change_the_log_probs(self):
         # The bug the padding lesson shows: positions 0..T-1 on a left-padded row give its first real
@@ -212,7 +217,7 @@ class MasksAndPositions(unittest.TestCase):
         right = completion_log_probs(model, ids, mask, completion_mask)
         wrong = completion_log_probs(model, ids, mask, completion_mask,
                                      position_ids=torch.arange(width).expand(len(PAIRS), width))
-        diff = (right - wrong).abs()[completion_mask[:, 1:].bool()]
+        diff = (right - wrong).detach().abs()[completion_mask[:, 1:].bool()]
         self.assertGreater(float(diff.max()), 0.2)
         self.assertGreater(float(diff.mean()), 0.05)
 
@@ -269,17 +274,17 @@ class LossMask(unittest.TestCase):
         expected, _ = response_token_logps(logits, self.ids, self.completion_mask.bool())
         got = completion_log_probs(self.model, self.ids, self.mask, self.completion_mask)
         self.assertEqual(got.shape, (3, 7))
-        self.assertLess(float((got - expected).abs().max()), TOL)
+        self.assertLess(largest(got - expected), TOL)
 
     def test_temperature_divides_the_logits_and_entropy_is_in_nats(self):
         logits = self.model(self.ids, self.mask)[:, :-1] / 0.5  # (N, T-1, V)
         scores = completion_scores(self.model, self.ids, self.mask, self.completion_mask, temperature=0.5)
         keep = self.completion_mask[:, 1:].bool()
         expected = torch.log_softmax(logits, -1).gather(-1, self.ids[:, 1:, None]).squeeze(-1)
-        self.assertLess(float((scores.log_probs - expected)[keep].abs().max()), TOL)
+        self.assertLess(largest((scores.log_probs - expected)[keep]), TOL)
         probs = torch.softmax(logits, -1)
         entropy = -(probs * probs.log()).sum(-1)
-        self.assertLess(float((scores.entropy - entropy)[keep].abs().max()), TOL)
+        self.assertLess(largest((scores.entropy - entropy)[keep]), TOL)
         self.assertTrue(bool((scores.entropy[keep] > 0).all()) and bool((scores.entropy <= math.log(8)).all()))
 
     def test_completion_token_on_padding_is_refused(self):
@@ -296,12 +301,12 @@ class ValueHead(unittest.TestCase):
         completion_mask = completion_mask_of([len(p) for p, _ in PAIRS], mask)
         logits, values = model.logits_and_values(ids, mask)
         self.assertEqual(values.shape, (3, 9))
-        self.assertLess(float((logits - model(ids, mask)).abs().max()), TOL)
+        self.assertLess(largest(logits - model(ids, mask)), TOL)
         scores = completion_scores(model, ids, mask, completion_mask, with_values=True)
         keep = completion_mask[:, 1:].bool()
         self.assertTrue(torch.equal(scores.values, torch.where(keep, values[:, :-1], torch.zeros(()))))
         alone = model.values(torch.tensor([PAIRS[0][0] + PAIRS[0][1]]))  # row 0 without its 4 pads
-        self.assertLess(float((alone[0] - values[0, 4:]).abs().max()), TOL)
+        self.assertLess(largest(alone[0] - values[0, 4:]), TOL)
         self.assertTrue(torch.equal(small_model(seed=6, value_head=True).values(ids, mask), torch.zeros(3, 9)))
         with self.assertRaisesRegex(ValueError, "value head"):
             small_model().values(ids, mask)
@@ -336,10 +341,10 @@ class Sampling(unittest.TestCase):
         for top_p, expected in ((0.7, [0.625, 0.375, 0.0]), (0.5, [1.0, 0.0, 0.0]), (0.81, [0.5, 0.3, 0.2]),
                                 (1.0, [0.5, 0.3, 0.2])):
             probs = tempered_log_probs(logits, 1.0, top_p).exp()
-            self.assertLess(float((probs - t(expected)).abs().max()), TOL, top_p)
+            self.assertLess(largest(probs - t(expected)), TOL, top_p)
         tempered = tempered_log_probs(logits, 2.0).exp()  # p^(1/2), renormalized
         roots = t([0.5, 0.3, 0.2]).sqrt()
-        self.assertLess(float((tempered - roots / roots.sum()).abs().max()), TOL)
+        self.assertLess(largest(tempered - roots / roots.sum()), TOL)
 
     def test_inverse_cdf_draws_each_token_with_its_probability_and_never_a_zero(self):
         log_probs = t([[0.2, 0.0, 0.5, 0.3]]).log()
@@ -351,7 +356,7 @@ class Sampling(unittest.TestCase):
         draws = sample_tokens(log_probs.expand(20_000, 4), uniforms)
         frequencies = torch.bincount(draws, minlength=4).double() / 20_000
         self.assertEqual(int(frequencies[1]), 0)
-        self.assertLess(float((frequencies - t([0.2, 0.0, 0.5, 0.3])).abs().max()), 0.015)
+        self.assertLess(largest(frequencies - t([0.2, 0.0, 0.5, 0.3])), 0.015)
 
     def test_kv_cache_sampler_log_probs_equal_a_full_forward_pass(self):
         model = small_model(seed=7)
@@ -361,7 +366,7 @@ class Sampling(unittest.TestCase):
                            use_cache=use_cache)
             full = completion_log_probs(model, out.sequences, out.attention_mask, out.completion_mask)[:, 4:]
             self.assertEqual(full.shape, out.log_probs.shape)
-            self.assertLess(float((full - out.log_probs).abs().max()), TOL)
+            self.assertLess(largest(full - out.log_probs), TOL)
             self.assertTrue(torch.equal(out.log_probs != 0, out.completion_mask[:, 5:].bool()))
         self.assertTrue(0 < int(out.truncated.sum()) < 12)  # some rows end early, some run to the cap
 
@@ -376,7 +381,7 @@ class Sampling(unittest.TestCase):
         self.assertGreater(dropped, 0.5)  # the nucleus is a real restriction here
         expected = log_probs.gather(-1, out.sequences[:, 5:, None]).squeeze(-1)  # (N, R)
         keep = out.completion_mask[:, 5:].bool()
-        self.assertLess(float((expected[keep] - out.log_probs[keep]).abs().max()), TOL)
+        self.assertLess(largest(expected[keep] - out.log_probs[keep]), TOL)
         self.assertTrue(bool((out.log_probs[~keep] == 0).all()))
 
     def test_same_seed_same_samples_with_and_without_cache(self):
@@ -386,7 +391,7 @@ class Sampling(unittest.TestCase):
                          generator=torch.Generator().manual_seed(seed), use_cache=use_cache)
                 for use_cache, seed in ((True, 3), (False, 3), (True, 4))]
         self.assertTrue(torch.equal(runs[0].sequences, runs[1].sequences))
-        self.assertLess(float((runs[0].log_probs - runs[1].log_probs).abs().max()), TOL)
+        self.assertLess(largest(runs[0].log_probs - runs[1].log_probs), TOL)
         self.assertFalse(torch.equal(runs[0].sequences, runs[2].sequences))
 
     def test_padding_after_the_first_eos_and_the_masks(self):
@@ -459,7 +464,7 @@ class LowerPrecisionSampling(unittest.TestCase):
                            generator=torch.Generator().manual_seed(2), dtype=dtype)
             self.assertEqual(out.log_probs.dtype, torch.float32)
             trainer = completion_log_probs(model, out.sequences, out.attention_mask, out.completion_mask)[:, 5:]
-            diff = (trainer - out.log_probs).abs()[out.completion_mask[:, 6:].bool()]
+            diff = (trainer - out.log_probs).detach().abs()[out.completion_mask[:, 6:].bool()]
             with self.subTest(dtype=dtype):
                 self.assertGreaterEqual(float(diff.mean()), low)
                 self.assertLess(float(diff.max()), high)
@@ -487,7 +492,7 @@ class Learning(unittest.TestCase):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         self.assertGreater(losses[0], 1.9)  # ln 8 = 2.08 at the start
         self.assertLess(losses[-1], 0.1)
 
