@@ -4,7 +4,7 @@
     python bench.py                           # includes sampled tokens/s with and without the KV cache
 
     model = TinyLM(TinyLMConfig(vocab_size=32), generator=torch.Generator().manual_seed(0))
-    out = generate(model, prompts, prompt_mask, 16, eos_id=1, pad_id=0, generator=generator)
+    out = generate(model, prompts, prompt_mask, 16, eos_id=1, pad_id=0, generator=torch.Generator().manual_seed(1))
     logp = completion_log_probs(model, out.sequences, out.attention_mask, out.completion_mask)
 
 Read it like nanoGPT's model.py, top to bottom: the config, the one place the attention mask is built,
@@ -45,7 +45,7 @@ class TinyLMConfig:
     """The model's size. JSON round trip: `TinyLMConfig(**json.loads(json.dumps(dataclasses.asdict(c))))`.
 
     The default (2 layers, width 48, 4 heads, 32 tokens, 64 positions) has 62,784 parameters, 62,833 with
-    the value head: small enough that sampling 64 x 16 tokens takes milliseconds on one CPU core.
+    the value head: small enough to sample 64 x 16 tokens in tens of milliseconds on one CPU core.
     """
 
     vocab_size: int = 32
@@ -106,9 +106,9 @@ def causal_padding_mask(attention_mask, query_count):
         j <= i's position          (causality: never a later token)
         and key j is real          (padding is invisible: a pad key gets probability exactly 0),
     or when j is i's own position. That last rule only matters for a padding query, whose keys can all
-    be masked (a left pad, or a row of padding only): a softmax over no key is 0/0 = NaN. torch's
-    scaled_dot_product_attention returns 0 for such a row (torch >= 2.5), a hand-written softmax or
-    another backend does not; with every query seeing at least itself, no attention can produce NaN.
+    be masked (a left pad, or a row of padding only): a softmax over no key is 0/0 = NaN. torch
+    2.13's scaled_dot_product_attention returns 0 for such a row, a hand-written softmax does not;
+    with every query seeing at least itself, no implementation of attention can produce NaN.
     A real query already sees itself, so real tokens are unaffected.
     """
     keys = attention_mask.shape[-1]
