@@ -6,8 +6,10 @@
 It prints (and writes nothing), per driver: the wall time of the whole default command in a fresh
 process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which
 imports torch._dynamo); the training loop alone, in this process after that start-up; and, for the
-online driver, the sampled tokens per second. Timings are machine-dependent and noisy: compare medians
-of the same script on the same machine, never against a number measured elsewhere.
+online driver, the sampled tokens per second. For the transformer policy (tiny_lm.py): sampled tokens
+per second with and without the KV cache and in lower precisions, and the time to score a batch.
+Timings are machine-dependent and noisy: compare medians of the same script on the same machine,
+never against a number measured elsewhere.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import torch  # noqa: E402
 import online_tokens  # noqa: E402
 import ppo_chain  # noqa: E402
 import rl_lab  # noqa: E402
+import tiny_lm  # noqa: E402
 import token_objectives  # noqa: E402
+from lab_checks import torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, int_flag, run_cli  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -81,6 +85,55 @@ def timed_call(function, runs):
     return statistics.median(times), min(times)
 
 
+def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
+    """Lines of tiny_lm figures for one RL batch: `batch` prompts of 4..prompt_width tokens, left-padded,
+    `new_tokens` sampled per prompt by the default TinyLMConfig on one thread. Sampling with and without
+    the KV cache (tokens/s over batch x new_tokens positions), with the cache in bfloat16 and float16
+    (the sampler/trainer mismatch setting), and scoring the finished batch as the update does: a forward
+    pass without gradient (old or reference log-probs) and a forward + backward pass. Each figure is the
+    median over `runs` of the mean of `repeats` calls (one call lasts milliseconds)."""
+    with torch_threads(1):
+        generator = torch.Generator().manual_seed(0)
+        config = tiny_lm.TinyLMConfig()
+        model = tiny_lm.TinyLM(config, generator=generator)
+        lengths = torch.randint(4, prompt_width + 1, (batch,), generator=generator)
+        mask = (torch.arange(prompt_width) >= prompt_width - lengths[:, None]).long()  # (B, P) left padding
+        ids = torch.where(mask.bool(), torch.randint(3, config.vocab_size, (batch, prompt_width),
+                                                     generator=generator), 0)
+
+        def sample(use_cache=True, dtype=None):
+            return tiny_lm.generate(model, ids, mask, new_tokens, eos_id=1, pad_id=0, use_cache=use_cache,
+                                    dtype=dtype, generator=torch.Generator().manual_seed(1))
+
+        out = sample()
+        steps = int(out.completion_mask.any(dim=0).sum())  # columns sampled before every row ended
+
+        def score(backward):
+            log_probs = tiny_lm.completion_log_probs(model, out.sequences, out.attention_mask, out.completion_mask)
+            if backward:
+                log_probs.sum().backward()
+
+        def per_call(function):  # (median, min) seconds of one call
+            median, fastest = timed_call(lambda: [function() for _ in range(repeats)], runs)
+            return median / repeats, fastest / repeats
+
+        lines = [f"tiny_lm.py (default config, {model.num_parameters():,} parameters, 1 thread): {batch} prompts "
+                 f"of 4-{prompt_width} tokens, left-padded, x {new_tokens} new tokens ({batch * steps} sampled)"]
+        for name, options in (("sampling with the KV cache", {}), ("sampling without the cache", {"use_cache": False}),
+                              ("sampling with the cache, bfloat16", {"dtype": torch.bfloat16}),
+                              ("sampling with the cache, float16", {"dtype": torch.float16})):
+            seconds, fastest = per_call(lambda: sample(**options))
+            lines.append(f"  {name:36s} {seconds * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
+                         f"{batch * steps / seconds:9,.0f} tokens/s")
+        with torch.no_grad():
+            forward, fastest = per_call(lambda: score(False))
+        lines.append(f"  {'scoring forward (no gradient)':36s} {forward * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
+                     f"({batch} x {out.sequences.shape[1]} tokens)")
+        both, fastest = per_call(lambda: score(True))
+        lines.append(f"  {'scoring forward + backward':36s} {both * 1e3:7.1f} ms [{fastest * 1e3:.1f}]")
+    return lines
+
+
 def build_parser():
     parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
                                 "training loop, tokens/s. Prints only.")
@@ -107,6 +160,7 @@ def main(argv=None):
     tokens = rows[-1]["total_tokens_sampled"]
     lines += ["", f"online_tokens.py (grpo, 60 iterations of 8 x 8): {tokens} tokens sampled, "
                   f"{tokens / loop[0]:,.0f} tokens/s (sampling, scoring and updates)"]
+    lines += ["", *tiny_lm_lines(args.runs)]
     print("\n".join(lines))
     return 0
 
