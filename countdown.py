@@ -342,6 +342,19 @@ class CountdownTask:
         check_tensor("rewards", rewards, ndim=1)
         return rewards == REWARD_CORRECT
 
+    def partial(self, rewards):
+        """(N,) bool: the responses that earned the partial credit (a legal expression, wrong value); none
+        when partial_credit is 0 (the reward is then binary)."""
+        check_tensor("rewards", rewards, ndim=1)
+        if self.config.partial_credit == 0.0:
+            return torch.zeros_like(rewards, dtype=torch.bool)
+        return rewards == self.config.partial_credit
+
+    def describe(self, prompt):
+        """{"prompt": the prompt's text, "answer": its first solution's text}, for a decoded batch."""
+        prompt = int(prompt)
+        return {"prompt": self.decode(self.prompt_tokens([prompt])[0]), "answer": self.decode(self.solutions(prompt)[0])}
+
     def solutions(self, prompt):
         """Every correct response of `prompt` (token tuples, EOS included), by exact enumeration: fewer
         numbers first, then the order of the numbers, then the operators' order."""

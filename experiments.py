@@ -134,7 +134,7 @@ def run_zero_variance(seed, **options):
 
 def prompt_success(state):
     """(P,) exact p(correct answer then EOS) of each prompt under the run's current policy."""
-    return online_tokens.success_by_prompt(state.policy, state.solutions, state.task.prompt_count("train"))
+    return online_tokens.success_by_prompt(state.policy, state.evaluation["train"])
 
 
 EASY, HARD = (0, 1), (4, 5)  # one-digit answers ("0", "1") and three-digit ones ("100", "101")

@@ -39,7 +39,7 @@ class SettingError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """One declared option. kind: "int", "float", "bool" or "choice"; low/high bound numbers (an int
+    """One declared option. kind: "int", "float", "bool", "choice" or "text" (a folder name); low/high bound numbers (an int
     `high` may also name another setting, e.g. "max_new_tokens"); optional: None is allowed and means
     "off"; applies: the algorithms it applies to (None: every one); requires: (other setting, allowed
     values), the setting only changes something when the other one holds one of them."""
@@ -54,6 +54,7 @@ class Setting:
     choices: tuple = ()
     optional: bool = False
     applies: tuple | None = None
+    policies: tuple | None = None  # the policies it applies to (None: every one)
     requires: tuple | None = None
     flag: str | None = None
     action: str | None = None  # "store_true" / "store_false" for a bool switch
@@ -78,6 +79,8 @@ def setting(default, help, *, kind=None, **options):
             kind = "choice"
         elif isinstance(default, bool):
             kind = "bool"
+        elif isinstance(default, str):
+            kind = "text"
         elif isinstance(default, float) or any(isinstance(options.get(key), float) for key in ("low", "high")):
             kind = "float"
         else:
@@ -108,6 +111,10 @@ def check_value(item, value, high=None):
     if item.kind == "bool":
         if not isinstance(value, bool):
             fail(f"expected True or False, got {value!r}")
+        return value
+    if item.kind == "text":
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            fail(f"expected a non-empty name without NUL, got {value!r}")
         return value
     bound = item.high if high is None else high
     if item.kind == "int":
@@ -175,6 +182,9 @@ def add_arguments(parser, items):
                                 help=help_text(item))
         elif item.kind == "choice":
             parser.add_argument(item.option, dest=item.name, choices=item.choices, default=None,
+                                help=help_text(item))
+        elif item.kind == "text":
+            parser.add_argument(item.option, dest=item.name, default=None, metavar=item.name.upper(),
                                 help=help_text(item))
         else:
             parser.add_argument(item.option, dest=item.name, type=_from_text(item), default=None,

@@ -226,6 +226,7 @@ class GroupFamily:
         else:
             advantages = group_relative_advantages(batch.scores, cfg.group_size, eps=GROUP_EPS,
                                                    scale=cfg.scale_rewards, check=False)
+        advantages = advantages.to(batch.old_logps.dtype)  # rewards are float64; a transformer trains in float32
         loss_mask = batch.mask
         if cfg.mask_truncated:  # DAPO-style: a cut response has no verdict to learn from
             loss_mask = loss_mask * (~batch.truncated).unsqueeze(1).long()

@@ -15,13 +15,17 @@ from __future__ import annotations
 import dataclasses
 
 from lab_settings import SEED, STEPS, SettingError, check_value, declared, setting
-from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of, losses_reading
+from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
+from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
+from tasks import TASK_DEFAULTS, TASKS
 from rl_lab import KL_ESTIMATORS, REDUCTIONS
 
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 # B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
 MAX_TOKEN_POSITIONS = 2**20
 GROUP = tuple(POLICY_LOSSES)  # the GRPO family: every registered policy loss
+# a table has one row per prompt and cannot answer a prompt it never trained on: only the binary task
+POLICY_TASKS = {"table": ("binary",), "transformer": ("countdown",)}
 EVERY = ALGORITHMS
 
 
@@ -35,6 +39,11 @@ class OnlineConfig:
 
     # every algorithm
     algorithm: str = setting("grpo", "what to train", choices=ALGORITHMS)
+    policy: str = setting("table", "the policy: a lookup table (exact evaluation, no sharing) or a tiny transformer "
+                          "warm-started by SFT (tiny_lm.py)", choices=tuple(POLICIES))
+    task: str = setting("binary", "binary = write a number 0..5 in binary; countdown = reach a target with given "
+                        "numbers (needs --policy transformer)", choices=tuple(TASKS), default_text="binary; "
+                        "countdown with --policy transformer")
     steps: int = _shared(STEPS, 60)
     seed: int = _shared(SEED, 7)
     prompts: int = setting(8, "prompts drawn per iteration (B)", low=1, high=4096)
@@ -94,7 +103,8 @@ class OnlineConfig:
                               applies=("ppo",))
     cap_value: str = setting("table", "the value of the state after the cap comes from its "
                              "own critic row (never visited: 0) or the last position's (shared)",
-                             choices=("table", "shared"), applies=("ppo",), requires=("truncation", ("bootstrap",)))
+                             choices=("table", "shared"), applies=("ppo",), requires=("truncation", ("bootstrap",)),
+                             policies=("table",))
     whiten_advantages: bool = setting(True, "whiten the advantages over the batch's kept tokens, as TRL and verl; "
                                       "--no-whiten switches it off", applies=("ppo",), flag="--no-whiten",
                                       action="store_false")
@@ -115,6 +125,22 @@ class OnlineConfig:
                                  choices=("sum", "mean"), applies=("dpo",), default_text="sum; simpo mean")
     offline: bool = setting(False, "pairs sampled from the frozen initial policy, not the current one (online vs "
                             "offline, one flag apart)", applies=("dpo",))
+    # the transformer policy
+    dtype: str = setting("float32", "the trainer's precision: every log-prob, ratio and update",
+                         choices=("float32", "float64"), policies=("transformer",))
+    sampler_dtype: str = setting(None, "the sampler's precision (the KV-cache forward passes), as an inference engine "
+                                 "samples in a lower one than the trainer scores in", optional=True,
+                                 choices=("float64", "float32", "bfloat16", "float16"), policies=("transformer",),
+                                 default_text="--dtype")
+    use_cache: bool = setting(True, "sample with the KV cache (--no-cache: a full forward pass per token; the same "
+                              "samples)", flag="--no-cache", action="store_false", policies=("transformer",))
+    sft_steps: int = setting(SFT_DEFAULTS["steps"], "Adam steps of the SFT warm start (0: start from the random "
+                             "initialization)", low=0, high=100_000, policies=("transformer",))
+    sft_folder: str = setting("results-sft", "the folder of cached SFT models, one subfolder per SFT setting "
+                              "(reused by later runs with the same settings)", policies=("transformer",))
+    eval_prompts: int = setting(64, "prompts of each split whose exact success probability is computed after "
+                                "every update (a fixed draw; all of them at the end)", low=1, high=100_000,
+                                policies=("transformer",))
 
 
 SETTINGS = declared(OnlineConfig)
@@ -149,13 +175,23 @@ def check_applies(algorithm, options):
 
 
 def resolve(options):
-    """An OnlineConfig from {name: value}: the declared defaults, then the algorithm's (and the
-    preference loss's) own, then `options`; every value checked once. Raises SettingError (a ValueError
-    whose message starts with the setting's name) for an unknown, inapplicable or bad setting."""
+    """An OnlineConfig from {name: value}: the declared defaults, then the policy's, the task's, the
+    algorithm's and the preference loss's own, then `options`; every value checked once. Raises
+    SettingError (a ValueError whose message starts with the setting's name) for an unknown, inapplicable
+    or bad setting."""
     algorithm = check_value(BY_NAME["algorithm"], options.get("algorithm", BY_NAME["algorithm"].default))
     check_applies(algorithm, options)
+    policy = check_value(BY_NAME["policy"], options.get("policy", BY_NAME["policy"].default))
+    for name in options:
+        if BY_NAME[name].policies is not None and policy not in BY_NAME[name].policies:
+            raise _error(name, f"does not apply to the {policy} policy (only to {', '.join(BY_NAME[name].policies)})")
     values = {item.name: item.default for item in SETTINGS}
-    if family_of(algorithm) == "group":
+    values.update(POLICY_DEFAULTS[policy])
+    task = check_value(BY_NAME["task"], options.get("task", values["task"]))
+    if task not in POLICY_TASKS[policy]:
+        raise _error("task", f"{task} needs another policy than {policy} (it takes {', '.join(POLICY_TASKS[policy])})")
+    values.update(TASK_DEFAULTS[task])
+    if algorithm in POLICY_LOSSES:
         values.update(POLICY_LOSSES[algorithm].defaults)
     dpo_loss = check_value(BY_NAME["dpo_loss"], options.get("dpo_loss", values["dpo_loss"]))
     values.update(PREFERENCE_LOSSES[dpo_loss].defaults)
@@ -179,8 +215,10 @@ def resolve(options):
 
 
 def settings_block(cfg):
-    """The run's settings that apply to its algorithm, in declaration order (the JSON "settings" head)."""
-    return {item.name: getattr(cfg, item.name) for item in SETTINGS if cfg.algorithm in APPLIES[item.name]}
+    """The run's settings that apply to its algorithm and policy, in declaration order (the JSON
+    "settings" head)."""
+    return {item.name: getattr(cfg, item.name) for item in SETTINGS if cfg.algorithm in APPLIES[item.name]
+            and (item.policies is None or cfg.policy in item.policies)}
 
 
 def default_output(algorithm, options):

@@ -39,11 +39,11 @@ import torch  # noqa: E402
 from lab_checks import exp_limit, torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, csv_text, json_text, output_folder_or_exit, run_cli, write_files  # noqa: E402
 from lab_settings import SettingError, add_arguments, given_options, help_text  # noqa: E402
-from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of  # noqa: E402
+from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, masked, mean_of  # noqa: E402
 from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block  # noqa: E402
-from policies import TablePolicy, entropies, logps_of_tokens  # noqa: E402
-from rl_lab import DEVICE, DTYPE, completion_mask, token_kl_penalty  # noqa: E402
-from tasks import BinaryTask  # noqa: E402
+from policies import POLICIES, entropies, logps_of_tokens  # noqa: E402
+from rl_lab import DEVICE, completion_mask, token_kl_penalty  # noqa: E402
+from tasks import TASKS  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
 
@@ -62,6 +62,8 @@ COLUMNS = [
     # exact, after the update
     "success_probability", "kl_reference",
 ]
+# a transformer's task has a test split; its sampler runs apart from the trainer (KV cache, another precision)
+TRANSFORMER_COLUMNS = ["test_success_probability", "sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl"]
 INTEGER_COLUMNS = ("step", "optimizer_steps", "responses_sampled", "tokens_sampled", "total_tokens_sampled",
                    "filtered_groups", "extra_responses", "masked_truncated", "pairs", "tied_prompts")
 
@@ -74,7 +76,8 @@ INTEGER_COLUMNS = ("step", "optimizer_steps", "responses_sampled", "tokens_sampl
 @dataclass
 class Run:
     """Everything a run holds. The reference is a frozen copy of the initial policy; the algorithm owns
-    what it trains besides the policy (PPO's critic); the generator is the run's one seeding point."""
+    what it trains besides the policy (PPO's critic); the generator is the run's one seeding point;
+    evaluation holds the correct responses of the prompts evaluated exactly after every update."""
 
     cfg: object
     task: object
@@ -83,23 +86,30 @@ class Run:
     algorithm: object
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
-    solutions: tuple  # the task's correct responses, scored for the exact success probability
+    evaluation: dict  # split -> solution_batch(...) of its evaluated prompts
+    columns: list  # the CSV columns of this run: COLUMNS, and TRANSFORMER_COLUMNS for a transformer
     optimizer_steps: int = 0
     total_tokens: int = 0
 
 
 def setup(**options):
-    """A Run from keyword settings (see online_settings.OnlineConfig); raises ValueError naming a bad one."""
+    """A Run from keyword settings (see online_settings.OnlineConfig); raises ValueError naming a bad one.
+    A transformer run loads (or first trains) its SFT warm start here; progress lines go to `progress`."""
+    progress = options.pop("progress", None)
     cfg = resolve(options)
-    task = BinaryTask()
-    policy = TablePolicy.uniform(task, cfg.max_new_tokens, cfg.temperature)
+    task = TASKS[cfg.task](cfg.max_new_tokens)
+    policy = POLICIES[cfg.policy](cfg, task, progress=progress)
     family = FAMILIES[family_of(cfg.algorithm)]
     algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None)
+    splits = ("train",) if task.prompt_count("test") == 0 else ("train", "test")
+    exact = policy.exact  # a table is evaluated exactly on every prompt; a transformer on a fixed draw
     return Run(
         cfg=cfg, task=task, policy=policy, reference=policy.snapshot(), algorithm=algorithm,
         optimizer=torch.optim.Adam(policy.parameters() + algorithm.parameters(), lr=cfg.learning_rate),
         generator=torch.Generator(device=DEVICE).manual_seed(cfg.seed),
-        solutions=solution_batch(task, cfg.max_new_tokens),
+        evaluation={split: solution_batch(task, evaluated_prompts(task, split, None if exact else cfg.eval_prompts),
+                                          cfg.max_new_tokens) for split in splits},
+        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS),
     )
 
 
@@ -122,7 +132,8 @@ class Batch:
     rewards (N,) float64, the verifier's; sampler_logps (N, R), the sampler's log-probs of its tokens;
     mask (N, R) int64, the tokens a loss counts (= real); old_logps / ref_logps (N, R), the old and the
     reference policy's log-probs at the trainer's temperature; old_entropy (N, R), the old policy's
-    entropy at each position; scores (N,), the reward the credit uses (the algorithm's `scores`);
+    entropy at each position; kl_reference, KL(old || reference) over whole responses estimated on the
+    batch (`kl_per_response`); scores (N,), the reward the credit uses (the algorithm's `scores`);
     responses_sampled, tokens_sampled: the budget spent, resampled responses included; filtered_groups:
     groups dropped by dynamic sampling."""
 
@@ -136,10 +147,22 @@ class Batch:
     old_logps: torch.Tensor = None
     ref_logps: torch.Tensor = None
     old_entropy: torch.Tensor = None
+    kl_reference: float = 0.0
     scores: torch.Tensor = None
     responses_sampled: int = 0
     tokens_sampled: int = 0
     filtered_groups: int = 0
+
+
+def kl_per_response(logits, ref_logits, mask):
+    """KL(policy || reference) over whole responses in nats, estimated on responses the policy sampled:
+    by the chain rule it is E_y[sum_t KL(p(.|y<t) || q(.|y<t))], so each response contributes the sum
+    over its kept positions of the full categorical KL at the prefix it reached (Rao-Blackwellized: no
+    variance from the token drawn at t). logits, ref_logits (N, R, V); mask (N, R). Returns the mean
+    over responses (a float)."""
+    logp, ref_logp = torch.log_softmax(logits, dim=-1), torch.log_softmax(ref_logits, dim=-1)  # (N, R, V)
+    per_position = (logp.exp() * (logp - ref_logp)).sum(dim=-1)  # (N, R)
+    return masked(per_position, mask).sum(dim=1).mean().item()
 
 
 def sample_groups(state, sampler, prompt_count):
@@ -205,8 +228,9 @@ def rollout(state):
         old_logits = old.logits(batch.prompts, batch.completion_ids)  # (N, R, V)
         batch.old_logps = logps_of_tokens(old_logits, batch.completion_ids)
         batch.old_entropy = entropies(old_logits)
-        batch.ref_logps = logps_of_tokens(state.reference.logits(batch.prompts, batch.completion_ids),
-                                          batch.completion_ids)
+        ref_logits = state.reference.logits(batch.prompts, batch.completion_ids)
+        batch.ref_logps = logps_of_tokens(ref_logits, batch.completion_ids)
+        batch.kl_reference = kl_per_response(old_logits, ref_logits, batch.mask)
     batch.responses_sampled, batch.tokens_sampled, batch.filtered_groups = (
         responses_sampled, tokens_sampled, filtered_groups)
     batch.scores = state.algorithm.scores(batch)
@@ -291,15 +315,25 @@ def update(state, batch, batch_credit):
 # ---------------------------------------------------------------------------------------------
 
 
-def solution_batch(task, max_new_tokens):
-    """Every train prompt's correct responses as one batch: (owner (M,) prompt per solution, ids (M, L)
-    PAD after the EOS, real (M, L) bool, reachable (M,) bool: it fits in max_new_tokens). L is the
-    longest solution, cut to max_new_tokens."""
-    prompts = range(task.prompt_count("train"))
-    owner, solutions = [], []
-    for prompt in prompts:
+def evaluated_prompts(task, split, count=None):
+    """The prompts of `split` evaluated after every update: all of them, or `count` of them drawn once
+    by a generator of their own (seed 0), so that every run of a task is measured on the same ones."""
+    prompts = task.split_prompts(split)
+    if count is None or count >= prompts.numel():
+        return prompts
+    return prompts[torch.randperm(prompts.numel(), generator=torch.Generator().manual_seed(0))[:count]].sort().values
+
+
+def solution_batch(task, prompts, max_new_tokens):
+    """The correct responses of `prompts` as one batch: (owner (M,) the position in `prompts` of each
+    solution's prompt, prompts (M,) its global index, ids (M, L) PAD after the EOS, real (M, L) bool,
+    reachable (M,) bool: it fits in max_new_tokens, count: len(prompts)). L is the longest solution,
+    cut to max_new_tokens."""
+    owner, indices, solutions = [], [], []
+    for position, prompt in enumerate(prompts.tolist()):
         for solution in task.solutions(prompt):
-            owner.append(prompt)
+            owner.append(position)
+            indices.append(prompt)
             solutions.append(solution)
     length = min(max(len(solution) for solution in solutions), max_new_tokens)
     ids = torch.full((len(solutions), length), task.pad_id, dtype=torch.long, device=DEVICE)
@@ -308,27 +342,32 @@ def solution_batch(task, max_new_tokens):
         ids[row, : min(len(solution), length)] = torch.tensor(solution[:length])
         real[row, : min(len(solution), length)] = True
     reachable = torch.tensor([len(solution) <= max_new_tokens for solution in solutions])
-    return torch.tensor(owner), ids, real, reachable
+    return torch.tensor(owner), torch.tensor(indices), ids, real, reachable, len(prompts)
 
 
-def success_by_prompt(policy, solutions, prompt_count):
-    """(P,) exact p(a correct response) of each prompt: the sum over its solutions of the product of their
-    token probabilities (teacher forcing, no sampling)."""
-    owner, ids, real, reachable = solutions
+def success_by_prompt(policy, solutions):
+    """(P,) exact p(a correct response) of each prompt of a solution_batch: the sum over its solutions of
+    the product of their token probabilities (teacher forcing, no sampling)."""
+    owner, prompts, ids, real, reachable, count = solutions
     with torch.no_grad():
-        logps = logps_of_tokens(policy.logits(owner, ids), ids)  # (M, L)
+        logps = logps_of_tokens(policy.logits(prompts, ids), ids)  # (M, L)
         path = torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()  # (M,)
         path = torch.where(reachable, path, torch.zeros_like(path))
-        return torch.zeros(prompt_count, dtype=path.dtype).index_add_(0, owner, path)  # (M,) -> (P,)
+        return torch.zeros(count, dtype=path.dtype).index_add_(0, owner, path)  # (M,) -> (P,)
 
 
-def evaluate(state):
-    """The exact columns: success probability and response KL to the reference of the current policy."""
-    return {
-        "success_probability": success_by_prompt(state.policy, state.solutions,
-                                                 state.task.prompt_count("train")).mean().item(),
-        "kl_reference": state.policy.response_kl(state.reference),
-    }
+def evaluate(state, batch=None):
+    """The evaluation columns of the policy after an update: the exact success probability on the train
+    prompts (and the test prompts of a task that has them), and the KL to the reference over whole
+    responses, exact for a table, estimated on the batch for a transformer (see `kl_per_response`)."""
+    columns = {"success_probability": success_by_prompt(state.policy, state.evaluation["train"]).mean().item()}
+    if "test" in state.evaluation:
+        columns["test_success_probability"] = success_by_prompt(state.policy, state.evaluation["test"]).mean().item()
+    if state.policy.exact:
+        columns["kl_reference"] = state.policy.response_kl(state.reference)
+    else:  # the policy that sampled the batch (before this update); 0 before any batch
+        columns["kl_reference"] = 0.0 if batch is None else batch.kl_reference
+    return columns
 
 
 def record(state, batch, batch_credit, update_columns, step):
@@ -342,7 +381,7 @@ def record(state, batch, batch_credit, update_columns, step):
     with torch.no_grad():
         entropy = batch.old_entropy[kept].mean().item()
         kl_k3 = token_kl_penalty(batch.old_logps, batch.ref_logps, check=False)[kept].mean().item()
-    row = {name: 0 if name in INTEGER_COLUMNS else 0.0 for name in COLUMNS}
+    row = {name: 0 if name in INTEGER_COLUMNS else 0.0 for name in state.columns}
     row.update({
         "step": step,
         "optimizer_steps": state.optimizer_steps,
@@ -361,19 +400,32 @@ def record(state, batch, batch_credit, update_columns, step):
         "entropy": entropy,
         "filtered_groups": batch.filtered_groups,
         "extra_responses": batch.responses_sampled - batch.prompts.shape[0],
-        **evaluate(state),
+        **evaluate(state, batch),
     })
+    if not state.policy.exact:
+        row.update(sampler_mismatch(batch))
     row.update(state.algorithm.columns(batch, batch_credit))
     row.update(update_columns)
-    return {name: row[name] for name in COLUMNS}
+    return {name: row[name] for name in state.columns}
 
 
 def initial_row(state):
     """Row 0, the initial evaluation, as in every CSV of the lab: the exact evaluation of the initial
     policy; nothing is sampled or updated yet, so every other column is 0."""
-    row = {name: 0 if name in INTEGER_COLUMNS else 0.0 for name in COLUMNS}
+    row = {name: 0 if name in INTEGER_COLUMNS else 0.0 for name in state.columns}
     row.update(evaluate(state))
     return row
+
+
+def sampler_mismatch(batch):
+    """How far the sampler's log-probs of its own tokens are from the trainer's (the old policy's, at the
+    trainer's precision), over the kept tokens: mean and max |log p_sampler - log p_trainer|, and the
+    sampled-token estimate of KL(sampler || trainer) per token, mean(log p_sampler - log p_trainer) (the
+    tokens were drawn from the sampler). A KV cache in another precision is what makes them differ."""
+    kept = batch.mask.bool()
+    difference = (batch.sampler_logps.to(batch.old_logps.dtype) - batch.old_logps)[kept]
+    return {"sampler_logp_diff_mean": difference.abs().mean().item(),
+            "sampler_logp_diff_max": difference.abs().max().item(), "sampler_kl": difference.mean().item() + 0.0}
 
 
 def decode_batch(state, batch, batch_credit, groups=2):
@@ -397,12 +449,12 @@ def settings_of(state):
     return {
         **settings_block(state.cfg),
         **state.task.settings(),
-        "policy": state.policy.description,
+        "policy_description": state.policy.description,
         "reference": "the initial policy, frozen",
         "old_policy": "a frozen snapshot taken before each batch is sampled",
         "optimizer": "Adam",
         "max_grad_norm": MAX_GRAD_NORM,
-        "dtype": str(DTYPE).replace("torch.", ""),
+        "dtype": str(state.policy.parameters()[0].dtype).replace("torch.", ""),
         "device": str(DEVICE),
         "torch": torch.__version__,
         **state.algorithm.settings(),
@@ -609,7 +661,7 @@ def main(argv=None):
             print(f"{parser.prog}: error: training diverged ({name}): {error}", file=sys.stderr)
             return 1
         csv_path, json_path = os.path.join(folders[name], "online.csv"), os.path.join(folders[name], "online.json")
-        files[csv_path] = csv_text(rows, COLUMNS)
+        files[csv_path] = csv_text(rows, list(rows[0]))
         files[json_path] = json_text(report)
         summaries.append(summary_text(rows, report, seconds) + f"-> {csv_path}, {json_path}\n")
         comparison.append(comparison_row(name, rows))

@@ -22,11 +22,14 @@ task, S = V + 1 previous-token states (the vocabulary and the start).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from lab_checks import check_tensor
+from tiny_lm import TinyLM, generate
 
 DTYPE = torch.float64
 DEVICE = torch.device("cpu")
@@ -92,6 +95,7 @@ class TablePolicy:
     own samples equal the scored ones bit for bit (the ratio is exactly 1 before the first update)."""
 
     description = "table of logits (prompt, position, previous token) -> next token, zeros at start (uniform)"
+    exact = True  # small enough to evaluate exactly on every prompt, its KL to the reference included
 
     def __init__(self, table, temperature, eos_id):
         self.table, self.temperature, self.eos_id = table, temperature, eos_id
@@ -208,3 +212,137 @@ class TableCritic:
         cap_position = length if self.cap_value == "table" else length - 1
         after_cap = self.table[prompts, cap_position, completion_ids[:, -1]]  # (N,)
         return values, after_cap
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformer policy
+# ---------------------------------------------------------------------------------------------
+# A tiny decoder-only language model (tiny_lm.py) shares its parameters across prompts and positions, so
+# what it learns on one prompt moves every other: it can generalize to a prompt it never trained on, and
+# it can also lose the diversity of its answers. It samples left-padded prompts with a KV cache, possibly
+# in a lower precision than it trains in, as an inference engine does.
+
+
+class TransformerPolicy:
+    """A TinyLM behind the policy interface. prompts are the task's global prompt indices: the policy
+    turns them into left-padded token batches itself. It samples with `tiny_lm.generate` (KV cache,
+    `sampler_dtype`) and scores with one full forward pass in its own dtype (the trainer's numbers)."""
+
+    description = ("tiny decoder-only transformer (tiny_lm.py): learned positions from the attention mask, "
+                   "pre-LayerNorm blocks, warm-started by supervised fine-tuning on the task's demonstrations")
+    exact = False  # evaluated exactly on a fixed draw of prompts; its KL to the reference estimated on batches
+
+    def __init__(self, model, task, temperature, max_new_tokens, sampler_dtype=None, use_cache=True):
+        self.model, self.task, self.temperature = model, task, temperature
+        self.max_new_tokens, self.sampler_dtype, self.use_cache = max_new_tokens, sampler_dtype, use_cache
+        self._prompts = {}  # prompt index -> its token ids (the task's text does not change)
+
+    def parameters(self):
+        return list(self.model.parameters())
+
+    def snapshot(self):
+        """A frozen copy (no gradient, eval mode)."""
+        model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
+                                 self.use_cache)
+
+    def prompt_batch(self, prompts):
+        """(N, P) int64 prompt tokens left-padded with PAD and their (N, P) int64 attention mask: the
+        first real token of every row then has position 0 (position ids come from the mask)."""
+        tokens = self.task.prompt_tokens(prompts)
+        width = max(len(row) for row in tokens)
+        ids = torch.full((len(tokens), width), self.task.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(tokens), width, dtype=torch.long)
+        for row, prompt in enumerate(tokens):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        return ids, mask
+
+    def sample(self, prompts, generator, temperature=None, top_p=None):
+        """One completion per prompt (see `Samples`), from the KV-cache sampler in `sampler_dtype`."""
+        ids, mask = self.prompt_batch(prompts)
+        out = generate(self.model, ids, mask, self.max_new_tokens, eos_id=self.task.eos_id, pad_id=self.task.pad_id,
+                       temperature=self.temperature if temperature is None else temperature,
+                       top_p=1.0 if top_p is None else top_p, generator=generator, use_cache=self.use_cache,
+                       dtype=self.sampler_dtype)
+        width = ids.shape[1]
+        completion_ids = torch.full((len(ids), self.max_new_tokens), self.task.pad_id, dtype=torch.long)
+        real = torch.zeros(len(ids), self.max_new_tokens, dtype=torch.bool)
+        sampled = out.sequences.shape[1] - width  # the sampler stops once every row has ended
+        completion_ids[:, :sampled] = out.sequences[:, width:]
+        real[:, :sampled] = out.completion_mask[:, width:].bool()
+        return Samples(completion_ids, real, out.truncated, out.log_probs)
+
+    def logits(self, prompts, completion_ids):
+        """(N, R, V) tempered logits at every completion position, from one forward pass over prompt and
+        completion: row t is predicted from the hidden state of the token before completion token t.
+        Tokens after a response's EOS are attended to only by later positions, which no loss counts."""
+        ids, mask = self.prompt_batch(prompts)
+        width, length = ids.shape[1], completion_ids.shape[1]
+        sequences = torch.cat([ids, completion_ids], dim=1)  # (N, P + R)
+        attention = torch.cat([mask, torch.ones_like(completion_ids)], dim=1)
+        logits = self.model(sequences, attention)  # (N, P + R, V)
+        return logits[:, width - 1: width - 1 + length] / self.temperature  # (N, R, V)
+
+    def critic(self, cap_value):
+        return TransformerCritic(self)
+
+    def check(self, name="policy"):
+        return self
+
+
+class TransformerCritic:
+    """PPO's critic for the transformer policy: a separate value model (as TRL's and verl's PPO use), a
+    TinyLM of the policy's size with a scalar value head, its trunk initialized from the policy's weights
+    and its head at zero. values[:, t] is the value of the state before completion token t; the state
+    after the cap is the value at the last position (a value head shares its estimate across positions)."""
+
+    description = "a separate TinyLM value model, trunk initialized from the policy, value head at zero"
+    after_cap = "the value model's estimate at the last token (it shares across positions)"
+
+    def __init__(self, policy):
+        config = dataclasses.replace(policy.model.config, value_head=True)
+        dtype = next(policy.model.parameters()).dtype
+        self.model = TinyLM(config, generator=torch.Generator().manual_seed(0)).to(dtype)
+        self.model.load_state_dict(policy.model.state_dict(), strict=False)
+        self.policy = policy
+
+    def parameters(self):
+        return list(self.model.parameters())
+
+    def values(self, prompts, completion_ids):
+        """(N, R) V(s_t) before every completion token and (N,) V of the state after the cap, with gradient."""
+        ids, mask = self.policy.prompt_batch(prompts)
+        width, length = ids.shape[1], completion_ids.shape[1]
+        sequences = torch.cat([ids, completion_ids], dim=1)
+        values = self.model.values(sequences, torch.cat([mask, torch.ones_like(completion_ids)], dim=1))  # (N, P + R)
+        return values[:, width - 1: width - 1 + length], values[:, -1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a run's policy from its settings
+# ---------------------------------------------------------------------------------------------
+
+SFT_DEFAULTS = {"steps": 300}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_table(cfg, task, progress=None):
+    """The all-zero table of the binary task (a uniform policy), float64."""
+    return TablePolicy.uniform(task, cfg.max_new_tokens, cfg.temperature)
+
+
+def build_transformer(cfg, task, progress=None):
+    """The SFT warm start of the task (trained once, then loaded from cfg.sft_folder), in cfg.dtype."""
+    import sft  # only transformer runs need it (and it trains the first time)
+
+    model, _, _ = sft.load_or_train(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder, progress=progress)
+    model = model.to(DTYPES[cfg.dtype])
+    sampler_dtype = None if cfg.sampler_dtype is None else DTYPES[cfg.sampler_dtype]
+    return TransformerPolicy(model, task, cfg.temperature, cfg.max_new_tokens, sampler_dtype, cfg.use_cache)
+
+
+POLICIES = {"table": build_table, "transformer": build_transformer}
+# what a transformer needs besides the table's settings: the LM learning rate of the usual fine-tuning
+# range, and Countdown as its task
+POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_rate": 1e-3}}

@@ -4,7 +4,7 @@ A task is an object with these members (the online loop, the policies and the ex
 else, so a new task plugs in without touching the loop):
 
     name, vocab (token strings, id = index), eos_id, pad_id, max_new_tokens (the response cap it needs)
-    prompt_count(split)                       prompts in "train" or "test"
+    prompt_count(split), split_prompts(split) prompts in "train" or "test": how many, which (global indices)
     draw_prompts(count, generator, split)     (count,) int64 global prompt indices, one torch.randint call
     prompt_tokens(prompts)                    token ids of each prompt (for a language model; the table
                                               policy indexes the prompt itself)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from countdown import CountdownConfig, CountdownTask
 from lab_checks import check_int
 
 DTYPE = torch.float64
@@ -45,6 +46,10 @@ class BinaryTask:
 
     def prompt_count(self, split="train"):
         return len(self.numbers) if split == "train" else 0
+
+    def split_prompts(self, split="train"):
+        """(P_split,) int64 the prompts of a split: all six in train, none in test."""
+        return torch.arange(self.prompt_count(split))
 
     def draw_prompts(self, count, generator, split="train"):
         """(count,) int64: prompts drawn uniformly with replacement, one torch.randint call."""
@@ -110,7 +115,7 @@ class BinaryTask:
 
     def settings(self):
         return {
-            "task": "write the prompt's number in binary, then EOS",
+            "task_description": "write the prompt's number in binary, then EOS",
             "vocabulary": list(self.vocab),
             "eos_token_id": self.eos_id,
             "pad_token_id": self.pad_id,
@@ -120,4 +125,10 @@ class BinaryTask:
         }
 
 
-TASKS = {"binary": BinaryTask}
+TASKS = {  # name -> a builder of the task for responses of at most max_new_tokens tokens
+    "binary": lambda max_new_tokens: BinaryTask(),
+    "countdown": lambda max_new_tokens: CountdownTask(CountdownConfig(max_new_tokens=max_new_tokens)),
+}
+# the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
+# longest expression over 4 numbers has 7 tokens + EOS
+TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens": 8}}

@@ -92,7 +92,7 @@ class OnlineGRPO(unittest.TestCase):
     def test_exact_success_is_the_sum_over_each_prompts_correct_responses(self):
         state = online_tokens.setup(seed=3)
         shuffled(state, 4)
-        by_prompt = online_tokens.success_by_prompt(state.policy, state.solutions, 6)
+        by_prompt = online_tokens.success_by_prompt(state.policy, state.evaluation["train"])
         # by hand: walk the table along each answer (previous token = BOS, then the answer's digits)
         logp = torch.log_softmax(state.policy.table.detach(), dim=-1)
         for prompt in range(6):
