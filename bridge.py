@@ -4,6 +4,7 @@ the lab's batches.
 
     python bridge.py check          # every mapped setting -> TRL's config classes and verl's composed Hydra config
     python bridge.py conformance    # the lab's loss and the libraries' on the same batches: README's Markdown table
+    python bridge.py e2e            # an exported TRL script trains 3 steps on a CPU; the atoms recompute one
 
 Needs the optional extra (requirements-bridge.txt, in its own venv); the lab itself does not. `check`
 builds library_map.library_blocks(settings) for REPRESENTATIVE_SETTINGS (every algorithm and switch of
@@ -14,7 +15,10 @@ reads every option back and fails on any difference. `conformance` feeds one flo
 log-probs, masks, rewards) to the lab's atoms and to TRL's GRPOTrainer._compute_loss,
 RLOOTrainer._compute_loss, CPOTrainer.cpo_loss and verl's actor loss (verl.workers.utils.losses
 .ppo_loss), and compares the losses and their gradients with respect to the per-token log-probs; it
-also measures each documented convention difference. Both exit 1 when something disagrees.
+also measures each documented convention difference. `e2e` writes library_export.export_trl's script
+for the default GRPO run, trains it, keeps one step's batch as TRL fed it to its loss and recomputes
+that loss and its parameter gradients with the lab's atoms (float32, to 1e-6). All exit 1 when
+something disagrees.
 """
 
 from __future__ import annotations
@@ -739,6 +743,109 @@ def run_conformance():
 
 
 # ---------------------------------------------------------------------------------------------
+# e2e: an exported TRL script trains on a CPU; the lab's atoms recompute one step of it
+# ---------------------------------------------------------------------------------------------
+
+E2E_STEPS = 3
+E2E_TOLERANCE = 1e-6  # float32: TRL's forward pass and the lab's recompute of it, same model and inputs
+CAPTURED_CALL = 1  # the second loss of the run: num_iterations 2 reuses the batch after one step, ratios != 1
+
+
+def load_script(path):
+    """The exported script as a module (its main() is not run)."""
+    spec = importlib.util.spec_from_file_location("exported_trl_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def capturing(trainer_class):
+    """A subclass of TRL's trainer that keeps one call of its own _compute_loss: the inputs TRL fed it,
+    the model's parameters, the loss and its gradient with respect to them."""
+
+    class Capturing(trainer_class):
+        captured = None
+        calls = 0
+
+        def _compute_loss(self, model, inputs):
+            loss = super()._compute_loss(model, inputs)
+            if type(self).calls == CAPTURED_CALL:
+                params = [param for param in model.parameters() if param.requires_grad]
+                grads = torch.autograd.grad(loss, params, retain_graph=True)
+                type(self).captured = {
+                    "inputs": {key: value.detach().clone() for key, value in inputs.items()
+                               if isinstance(value, torch.Tensor)},
+                    "state": {name: value.detach().clone() for name, value in model.state_dict().items()},
+                    "loss": loss.detach().clone(), "grads": [grad.clone() for grad in grads],
+                }
+            type(self).calls += 1
+            return loss
+
+    return Capturing
+
+
+def lab_recompute(model, captured, s, block):
+    """(loss, gradients) of the captured step recomputed by the lab: a plain forward pass of the same
+    parameters, the lab's response_token_logps at TRL's temperature, and its GRPO-family atom."""
+    from rl_lab import response_token_logps
+
+    inputs = captured["inputs"]
+    model.load_state_dict(captured["state"])
+    prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P) + (B, R) -> (B, T)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits / block["options"]["temperature"]
+    completion = torch.zeros_like(input_ids, dtype=torch.bool)
+    completion[:, prompt_ids.shape[1]:] = inputs["completion_mask"].bool()
+    token_logps, _ = response_token_logps(logits, input_ids, completion)
+    length = completion_ids.shape[1]
+    logps = token_logps[:, -length:]  # (B, T-1) -> (B, R): the completion's positions
+    old_logps = inputs.get("old_per_token_logps", logps.detach())
+    ref_logps = inputs.get("ref_per_token_logps", torch.zeros_like(logps))
+    loss = lab_group_loss(s, logps, {"old_logps": old_logps, "ref_logps": ref_logps}, inputs["advantages"],
+                          inputs["completion_mask"], None)
+    params = [param for param in model.parameters() if param.requires_grad]
+    kept = inputs["completion_mask"].bool()
+    log_ratio = (logps.detach() - old_logps)[kept].abs().max().item()
+    return loss, torch.autograd.grad(loss, params), log_ratio
+
+
+def run_e2e(options=None, folder=None):
+    """Export the TRL script of `options` (default: the lab's default GRPO run), train E2E_STEPS steps of
+    it on a CPU, and recompute the captured step with the lab's atoms: {"loss_trl", "loss_lab",
+    "loss_difference", "grad_difference", "seconds"}."""
+    import time
+
+    from library_export import export_trl
+
+    libraries()
+    s = run_settings(options or {})
+    block = library_blocks(s)["trl"]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = folder or scratch
+        path = os.path.join(folder, "trl_run.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(export_trl(s))
+        started = time.perf_counter()
+        with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # TRL's progress bars
+            script = load_script(path)
+            trainer_class = capturing(getattr(script, block["config"].replace("Config", "Trainer")))
+            trainer = script.make_trainer(os.path.join(folder, "run"), E2E_STEPS, trainer_class)
+            trainer.train()
+        seconds = time.perf_counter() - started
+        captured = trainer_class.captured
+        if captured is None:
+            raise RuntimeError(f"the run made fewer than {CAPTURED_CALL + 1} loss calls")
+        loss, grads, log_ratio = lab_recompute(trainer.model, captured, s, block)
+    grad_difference = max((mine - theirs).abs().max().item() for mine, theirs in zip(grads, captured["grads"]))
+    return {"loss_trl": captured["loss"].item(), "loss_lab": loss.item(),
+            "loss_difference": abs(loss.item() - captured["loss"].item()), "grad_difference": grad_difference,
+            "seconds": seconds, "max_log_ratio": log_ratio,
+            "nonzero_advantages": int((captured["inputs"]["advantages"] != 0).sum()),
+            "responses": captured["inputs"]["advantages"].numel()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
 
@@ -751,9 +858,10 @@ def build_parser():
                     "same batch (conformance, a Markdown table). Needs requirements-bridge.txt.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser,
-                                     metavar="{check,conformance}")
+                                     metavar="{check,conformance,e2e}")
     commands.add_parser("check", help="build every mapped configuration into TRL's and verl's config objects")
     commands.add_parser("conformance", help="the lab's losses against the libraries' on one float64 batch")
+    commands.add_parser("e2e", help="an exported TRL script trains 3 steps on a CPU; the lab recomputes one step")
     return parser
 
 
@@ -767,6 +875,14 @@ def main(argv=None):
             print("\n".join(lines))
             print(f"{len(lines)} settings, {2 * len(lines)} blocks: {failures} failed")
             return 1 if failures else 0
+        if args.command == "e2e":
+            result = run_e2e()
+            print(f"exported TRL script, {E2E_STEPS} steps on a CPU in {result['seconds']:.1f} s; step {CAPTURED_CALL + 1}: "
+                  f"loss TRL {result['loss_trl']:.8f}, lab {result['loss_lab']:.8f}, difference "
+                  f"{result['loss_difference']:.1e}; gradients differ by at most {result['grad_difference']:.1e} "
+                  f"({result['nonzero_advantages']} of {result['responses']} advantages nonzero, log-ratios up to "
+                  f"{result['max_log_ratio']:.2g})")
+            return 0 if max(result["loss_difference"], result["grad_difference"]) <= E2E_TOLERANCE else 1
         table, failures = run_conformance()
         print(table, end="")
         for row in failures:

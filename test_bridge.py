@@ -20,6 +20,7 @@ import unittest
 import torch
 
 import bridge
+import library_export
 import online_tokens
 from lab_testing import HERE, run_main, single_thread_module
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks
@@ -166,6 +167,50 @@ class Commands(unittest.TestCase):
                 self.assertEqual(out, "")
                 self.assertEqual(len(err.splitlines()), 1)
                 self.assertTrue(err.startswith("bridge.py: error: "))
+
+
+class Export(unittest.TestCase):
+    def test_exported_verl_command_composes_in_verl(self):
+        from hydra import compose
+
+        Shared.get()
+        for options in ({}, {"algorithm": "ppo"}, {"algorithm": "sapo", "overlong_penalty": 2},
+                        {"dynamic_sampling": True, "tis_cap": 2.0, "kl_in": "reward"}):
+            with self.subTest(options=options):
+                text = library_export.export_verl(bridge.run_settings(options))
+                lines = text.splitlines()
+                start = lines.index("python3 -m verl.trainer.main_ppo \\")
+                overrides = [line.strip().removesuffix(" \\") for line in lines[start + 1:]]
+                config = compose(config_name="ppo_trainer", overrides=overrides)
+                self.assertEqual(config.actor_rollout_ref.rollout.n, 8)
+                self.assertTrue(all(line.startswith("#") for line in lines[:start]))
+
+    def test_export_says_where_there_is_nothing_to_export(self):
+        with self.assertRaisesRegex(ValueError, "no PPO trainer"):
+            library_export.export_trl(bridge.run_settings({"algorithm": "ppo"}))
+        with self.assertRaisesRegex(ValueError, "GRPO family"):
+            library_export.export_trl(bridge.run_settings({"algorithm": "dpo"}))
+        text = library_export.export_verl(bridge.run_settings({"algorithm": "dpo"}))
+        self.assertIn("no DPO trainer", text)
+        self.assertNotIn("python3", text)
+
+    def test_exported_trl_scripts_compile_and_carry_the_map(self):
+        for options in ({}, {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k1"}, {"algorithm": "cispo"}):
+            with self.subTest(options=options):
+                s = bridge.run_settings(options)
+                text = library_export.export_trl(s)
+                compile(text, "trl_run.py", "exec")
+                block = library_blocks(s)["trl"]
+                self.assertIn(f"from trl import {block['config']}", text)
+                for key in block["unmatched"]:
+                    self.assertIn(f"unmatched {key}", text)
+
+    def test_exported_trl_script_trains_and_the_atoms_recompute_its_step(self):
+        result = bridge.run_e2e()
+        self.assertLessEqual(result["loss_difference"], bridge.E2E_TOLERANCE)
+        self.assertLessEqual(result["grad_difference"], bridge.E2E_TOLERANCE)
+        self.assertGreater(result["nonzero_advantages"], 0)  # the warm start makes rewards vary
+        self.assertGreater(result["max_log_ratio"], 0.2)  # the captured step is off-policy: the clip can bind
 
 
 class CorrectedClaims(unittest.TestCase):
