@@ -459,7 +459,8 @@ def trl_group_loss(config, logps, batch, advantages, mask, weights):
     # the model's forward is the one thing replaced: the log-probs are given
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
     count, length = logps.shape
-    inputs = {"prompt_ids": torch.zeros(count, 1, dtype=torch.long), "prompt_mask": torch.ones(count, 1, dtype=torch.long),
+    inputs = {"prompt_ids": torch.zeros(count, 1, dtype=torch.long),
+              "prompt_mask": torch.ones(count, 1, dtype=torch.long),
               "completion_ids": torch.zeros(count, length, dtype=torch.long), "completion_mask": mask,
               "advantages": advantages}
     if rloo:
@@ -663,7 +664,8 @@ def _clip_rows(core_algos, verl_configs):
                                                      config=actor)
     rows.append(("verl's vanilla loss always applies dual-clip (clip_ratio_c 3.0 unless set)",
                  "A = -1 at ratio 4.5", abs(lab - verl.item())))
-    _, actor_off, _ = verl_configs.compose({ACTOR + "loss_agg_mode": "token-mean", ACTOR + "clip_ratio_c": VERL_NO_DUAL_CLIP})
+    _, actor_off, _ = verl_configs.compose({ACTOR + "loss_agg_mode": "token-mean",
+                                            ACTOR + "clip_ratio_c": VERL_NO_DUAL_CLIP})
     lab = clipped_policy_loss(logp[:, 1:], old[:, 1:], advantages[:, 1:], check=False).item()
     verl, _ = core_algos.compute_policy_loss_vanilla(old[:, 1:], logp[:, 1:], advantages[:, 1:], mask[:, 1:],
                                                      config=actor_off)
@@ -877,7 +879,8 @@ def main(argv=None):
             return 1 if failures else 0
         if args.command == "e2e":
             result = run_e2e()
-            print(f"exported TRL script, {E2E_STEPS} steps on a CPU in {result['seconds']:.1f} s; step {CAPTURED_CALL + 1}: "
+            print(f"exported TRL script, {E2E_STEPS} steps on a CPU in {result['seconds']:.1f} s; "
+                  f"step {CAPTURED_CALL + 1}: "
                   f"loss TRL {result['loss_trl']:.8f}, lab {result['loss_lab']:.8f}, difference "
                   f"{result['loss_difference']:.1e}; gradients differ by at most {result['grad_difference']:.1e} "
                   f"({result['nonzero_advantages']} of {result['responses']} advantages nonzero, log-ratios up to "
