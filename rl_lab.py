@@ -548,7 +548,7 @@ def kl_k1(policy_logps, ref_logps, *, check=True):
     as a loss term it does not pull toward the reference at all (arXiv 2506.09477). It does work when
     folded into the reward, where the policy gradient multiplies it by grad log policy.
     Args, errors: as `token_kl_penalty` (no overflow: nothing is exponentiated).
-    TRL: PPOConfig(kl_estimator="k1") and RLOO's reward KL; verl: kl_penalty / kl_loss_type "k1".
+    TRL: RLOOConfig.beta, the reward KL summed over the response; verl: kl_penalty / kl_loss_type "k1".
     """
     _check_kl_args(policy_logps, ref_logps, check)
     return policy_logps - ref_logps.detach()

@@ -401,7 +401,7 @@ class OnlineCLI(unittest.TestCase):
             ({"epsilon_high": 0.28}, "trl", "epsilon_high", 0.28),
             ({"dual_clip": 3.0}, "verl", "actor_rollout_ref.actor.clip_ratio_c", 3.0),
             ({"kl_in": "reward", "kl_estimator": "k2"}, "verl", "algorithm.kl_penalty", "mse"),
-            ({"algorithm": "ppo"}, "trl", "kl_estimator", "k1"),
+            ({"algorithm": "ppo"}, "verl", "algorithm.kl_penalty", "kl"),
             ({"algorithm": "dpo", "dpo_loss": "ipo"}, "trl", "loss_type", "ipo"),
         ]
         for options, library, key, value in cases:
@@ -410,7 +410,8 @@ class OnlineCLI(unittest.TestCase):
                 self.assertEqual(list(report)[:3], ["settings", "trl", "verl"])
                 self.assertEqual(report[library]["options"][key], value)
         shared = online_tokens.train(steps=1, algorithm="ppo", cap_value="shared")[1]
-        self.assertIn("truncation=bootstrap", shared["trl"]["unmatched"])  # neither library bootstraps a cut response
+        self.assertIn("truncation=bootstrap", shared["verl"]["unmatched"])  # verl does not bootstrap a cut response
+        self.assertIsNone(shared["trl"]["options"])  # TRL 1.16 has no PPO trainer
         dpo = online_tokens.train(steps=1, algorithm="dpo")[1]
         self.assertIsNone(dpo["verl"]["options"])  # verl's core has no DPO trainer
 

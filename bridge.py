@@ -1,0 +1,901 @@
+"""The bridge to TRL and verl, checked by the libraries themselves: every option the map emits is built
+into the library's own config object, and every mapped loss is computed by the library's own code on
+the lab's batches.
+
+    python bridge.py check          # every mapped setting -> TRL's config classes and verl's composed Hydra config
+    python bridge.py conformance    # the lab's loss and the libraries' on the same batches: README's Markdown table
+    python bridge.py e2e            # an exported TRL script trains 3 steps on a CPU; the atoms recompute one
+
+Needs the optional extra (requirements-bridge.txt, in its own venv); the lab itself does not. `check`
+builds library_map.library_blocks(settings) for REPRESENTATIVE_SETTINGS (every algorithm and switch of
+online_tokens.py) into GRPOConfig, RLOOConfig, DPOConfig, OnlineDPOConfig and CPOConfig, and into
+verl's ppo_trainer.yaml composed with the overrides by Hydra (which refuses a key the config does not
+have) and converted to verl's ActorConfig and AlgoConfig dataclasses (which validate the values); it
+reads every option back and fails on any difference. `conformance` feeds one float64 batch (per-token
+log-probs, masks, rewards) to the lab's atoms and to TRL's GRPOTrainer._compute_loss,
+RLOOTrainer._compute_loss, CPOTrainer.cpo_loss and verl's actor loss (verl.workers.utils.losses
+.ppo_loss), and compares the losses and their gradients with respect to the per-token log-probs; it
+also measures each documented convention difference. `e2e` writes library_export.export_trl's script
+for the default GRPO run, trains it, keeps one step's batch as TRL fed it to its loss and recomputes
+that loss and its parameter gradients with the lab's atoms (float32, to 1e-6). All exit 1 when
+something disagrees.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
+    exit_quietly_on_signals()
+
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import io  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import warnings  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import torch  # noqa: E402
+
+import online_tokens  # noqa: E402
+from lab_checks import torch_threads  # noqa: E402
+from lab_io import OneLineErrorParser, run_cli  # noqa: E402
+from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks  # noqa: E402
+from rl_lab import (  # noqa: E402
+    KL_ESTIMATORS,
+    clipped_policy_loss,
+    gae,
+    group_relative_advantages,
+    kl_k3,
+    rloo_advantages,
+    simpo_loss,
+    truncated_importance_weights,
+)
+
+INSTALL = ("python3 -m venv .venv-bridge && .venv-bridge/bin/pip install -r requirements.txt && "
+           ".venv-bridge/bin/pip install --no-deps -r requirements-bridge.txt")
+PINNED = {"trl": "1.16.0", "verl": "0.9.1"}
+# conformance: the lab and the library compute the same float64 expression in another order
+TOLERANCE = 1e-10
+# TRL's sapo builds its temperatures with torch.where on Python floats, which gives float32 tensors
+# (grpo_trainer.py line 3122): in a float64 batch its gate carries float32 rounding
+SAPO_TRL_TOLERANCE = 1e-7
+
+# Every algorithm and every switch of online_tokens.py at least once (check builds them all).
+REPRESENTATIVE_SETTINGS = [
+    {},
+    {"reduction": "token"},
+    {"reduction": "constant"},
+    {"scale_rewards": "batch"},
+    {"scale_rewards": "none"},
+    {"advantage": "rloo"},
+    {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k1"},
+    {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k3"},
+    {"advantage": "rloo", "dual_clip": 3.0, "tis_cap": 2.0},
+    {"epsilon_high": 0.28},
+    {"dual_clip": 3.0},
+    {"dual_clip": 1.1},
+    {"kl_estimator": "k1"},
+    {"kl_estimator": "k2"},
+    {"kl_in": "reward"},
+    {"kl_in": "reward", "kl_estimator": "k2"},
+    {"beta": 0.0},
+    {"mask_truncated": True},
+    {"overlong_penalty": 2},
+    {"dynamic_sampling": True, "max_resample_rounds": 4},
+    {"rollout_temperature": 1.5},
+    {"rollout_top_p": 0.9},
+    {"tis_cap": 2.0},
+    {"algorithm": "cispo"},
+    {"algorithm": "cispo", "reduction": "token"},
+    {"algorithm": "cispo", "reduction": "constant", "tis_cap": 2.0},
+    {"algorithm": "gspo"},
+    {"algorithm": "gspo", "beta": 0.02},
+    {"algorithm": "sapo"},
+    {"algorithm": "sapo", "reduction": "token"},
+    {"algorithm": "ppo"},
+    {"algorithm": "ppo", "value_clip": 0.2},
+    {"algorithm": "ppo", "whiten_advantages": False, "truncation": "terminal"},
+    {"algorithm": "ppo", "cap_value": "shared"},
+    {"algorithm": "dpo"},
+    {"algorithm": "dpo", "dpo_loss": "ipo"},
+    {"algorithm": "dpo", "dpo_loss": "ipo", "sequence_logp": "mean"},
+    {"algorithm": "dpo", "dpo_loss": "hinge"},
+    {"algorithm": "dpo", "dpo_loss": "cdpo", "label_smoothing": 0.1},
+    {"algorithm": "dpo", "dpo_loss": "robust", "label_smoothing": 0.1},
+    {"algorithm": "dpo", "dpo_loss": "simpo"},
+    {"algorithm": "dpo", "offline": True},
+    {"algorithm": "dpo", "offline": True, "sequence_logp": "mean"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "ipo"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "ipo", "sequence_logp": "mean"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "hinge"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "cdpo", "label_smoothing": 0.1},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "robust", "label_smoothing": 0.1},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "simpo"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "simpo", "sequence_logp": "sum"},
+]
+
+# The GRPO-family settings whose loss conformance compares (the ones both libraries map, and a few
+# whose unmatched part is measured rather than hidden).
+CONFORMANCE_SETTINGS = [
+    {},
+    {"reduction": "token"},
+    {"reduction": "constant"},
+    {"scale_rewards": "none"},
+    {"epsilon_high": 0.28},
+    {"dual_clip": 3.0},
+    {"kl_in": "reward"},
+    {"kl_estimator": "k1"},
+    {"kl_estimator": "k2"},
+    {"mask_truncated": True},
+    {"tis_cap": 2.0},
+    {"advantage": "rloo"},
+    {"algorithm": "cispo"},
+    {"algorithm": "cispo", "reduction": "token"},
+    {"algorithm": "gspo"},
+    {"algorithm": "gspo", "beta": 0.02},
+    {"algorithm": "sapo"},
+    {"algorithm": "sapo", "reduction": "token"},
+    {"algorithm": "ppo"},
+    {"algorithm": "dpo", "offline": True, "dpo_loss": "simpo"},
+]
+
+# What a verl launch must give beside the map's overrides for verl's ActorConfig to validate.
+VERL_LAUNCH = {ACTOR + "ppo_micro_batch_size_per_gpu": 8}
+# What a CPU run needs and the map leaves to the user: TRL's defaults are bf16 and gradient checkpointing.
+TRL_CPU = {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False, "report_to": "none"}
+
+
+class ExtraMissing(Exception):
+    """TRL or verl (the optional extra) is not installed."""
+
+
+def settings_label(options):
+    """The online_tokens.py flags that give these options, e.g. '--algorithm cispo --reduction token'."""
+    flag_of = {key: flag for flag, (key, _, _) in online_tokens.FLAGS.items()}
+    words = []
+    for key, value in options.items():
+        if key == "algorithm":
+            words.append(f"--algorithm {value}")
+        elif value is True:
+            words.append(flag_of[key])
+        elif key == "whiten_advantages":
+            words.append("--no-whiten")
+        else:
+            words.append(f"{flag_of[key]} {value}")
+    return " ".join(words) or "(defaults: --algorithm grpo)"
+
+
+def run_settings(options):
+    """The dict online_tokens passes to library_blocks: the resolved config plus max_grad_norm."""
+    return online_tokens.config(**options) | {"max_grad_norm": online_tokens.MAX_GRAD_NORM}
+
+
+# ---------------------------------------------------------------------------------------------
+# The libraries: imported on first use, so that the lab's tests run without them
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The libraries' import-time and config-time warnings (deprecations, missing GPUs) are not the bridge's
+    output: hold them, and stdout prints from verl's logging setup, while the libraries run."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+
+
+def libraries():
+    """{"trl": module, "verl": module}; raises ExtraMissing naming what is absent and how to install it."""
+    found = {}
+    for name in PINNED:
+        try:
+            with _quiet():
+                found[name] = importlib.import_module(name)
+        except ImportError as error:
+            raise ExtraMissing(f"the bridge needs TRL {PINNED['trl']} and verl {PINNED['verl']} ({error}); "
+                               f"install the extra into its own venv: {INSTALL}") from error
+    return found
+
+
+TRL_CONFIG_CLASSES = {
+    "GRPOConfig": ("trl", "GRPOConfig"),
+    "RLOOConfig": ("trl", "RLOOConfig"),
+    "DPOConfig": ("trl", "DPOConfig"),
+    "CPOConfig (trl.experimental.cpo)": ("trl.experimental.cpo", "CPOConfig"),
+    "OnlineDPOConfig (trl.experimental.online_dpo)": ("trl.experimental.online_dpo", "OnlineDPOConfig"),
+}
+
+
+def trl_config(block, output_dir):
+    """The block's options built into TRL's own config class; raises ValueError for an option the class
+    does not have or a value it refuses, and for one it stores differently than given."""
+    module_name, class_name = TRL_CONFIG_CLASSES[block["config"]]
+    with _quiet():
+        config_class = getattr(importlib.import_module(module_name), class_name)
+        try:
+            config = config_class(output_dir=output_dir, **TRL_CPU, **block["options"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{class_name}: {error}") from error
+    for key, value in block["options"].items():
+        stored = getattr(config, key)
+        if not _same(stored, value) and not _same(stored, [value]):  # DPOConfig keeps loss_type as a list
+            raise ValueError(f"{class_name}.{key}: set to {value!r}, the config holds {stored!r}")
+    return config
+
+
+def _same(stored, value):
+    if isinstance(value, float) and isinstance(stored, (int, float)) and not isinstance(stored, bool):
+        return math.isclose(stored, value, rel_tol=1e-12, abs_tol=0.0)
+    return type(stored) is type(value) and stored == value
+
+
+def hydra_value(value):
+    """A Python value as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+class VerlConfigs:
+    """verl's ppo_trainer.yaml, from the installed package, composed with overrides by verl's own Hydra setup."""
+
+    def __init__(self):
+        from hydra import initialize_config_dir
+
+        import verl
+
+        folder = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+        self._context = initialize_config_dir(config_dir=folder, version_base=None)
+        self._context.__enter__()
+
+    def close(self):
+        self._context.__exit__(None, None, None)
+
+    def compose(self, options):
+        """(composed DictConfig, ActorConfig, AlgoConfig); raises ValueError for a key the config does not
+        have, a value verl's dataclasses refuse, or a value read back differently."""
+        from hydra import compose
+        from omegaconf import OmegaConf
+
+        from verl.utils.config import omega_conf_to_dataclass
+
+        overrides = [f"{key}={hydra_value(value)}" for key, value in {**VERL_LAUNCH, **options}.items()]
+        try:
+            with _quiet():
+                config = compose(config_name="ppo_trainer", overrides=overrides)
+                actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+                algorithm = omega_conf_to_dataclass(config.algorithm)
+                _check_verl_names(config)
+        except Exception as error:  # Hydra's and the dataclasses' own exceptions: the option is not verl's
+            raise ValueError(f"ppo_trainer.yaml: {' '.join(str(error).split())}") from error
+        for key, value in options.items():
+            stored = OmegaConf.select(config, key.lstrip("+"))
+            if not _same(stored, value):
+                raise ValueError(f"ppo_trainer.yaml {key}: set to {value!r}, the config holds {stored!r}")
+        return config, actor, algorithm
+
+
+def _check_verl_names(config):
+    """The names verl's dataclasses take as any string and its trainer looks up later: the policy loss,
+    the advantage estimator and the KL estimators must be in verl's own registries."""
+    from verl.trainer.ppo import core_algos
+
+    actor = config.actor_rollout_ref.actor
+    core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
+    core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
+    zeros = torch.zeros(1, dtype=torch.float64)
+    for name in (actor.kl_loss_type, config.algorithm.kl_penalty):
+        try:
+            core_algos.kl_penalty(zeros, zeros, name)
+        except NotImplementedError as error:
+            raise ValueError(f"unknown KL estimator {name!r}") from error
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+
+
+def check_block(library, block, verl_configs, output_dir):
+    """One line describing what was built; raises ValueError for what the library refuses."""
+    if block["options"] is None:
+        if library == "trl" and block["reason"].startswith("TRL 1.16 has no PPO trainer"):
+            import trl
+
+            with _quiet():
+                present = hasattr(trl, "PPOConfig") or importlib.util.find_spec("trl.experimental.ppo") is not None
+            if present:
+                raise ValueError("trl: the map says TRL has no PPO trainer, but trl.PPOConfig or "
+                                 "trl.experimental.ppo exists")
+        return f"{library}: none ({block['reason'].split(':')[0]})"
+    if library == "trl":
+        trl_config(block, output_dir)
+        return f"trl: {block['config'].split()[0]} ({len(block['options'])} options)"
+    verl_configs.compose(block["options"])
+    return f"verl: ppo_trainer.yaml ({len(block['options'])} overrides)"
+
+
+def run_check(settings_list=None):
+    """(lines, failures): every mapped configuration of `settings_list` built by its library."""
+    libraries()
+    lines, failures = [], 0
+    verl_configs = VerlConfigs()
+    try:
+        with tempfile.TemporaryDirectory() as output_dir:
+            for options in REPRESENTATIVE_SETTINGS if settings_list is None else settings_list:
+                blocks = library_blocks(run_settings(options))
+                parts = []
+                for library in ("trl", "verl"):
+                    try:
+                        parts.append(check_block(library, blocks[library], verl_configs, output_dir))
+                    except ValueError as error:
+                        failures += 1
+                        parts.append(f"{library}: FAILED: {error}")
+                lines.append(f"{settings_label(options)}: " + "; ".join(parts))
+    finally:
+        verl_configs.close()
+    return lines, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# conformance: one batch, the lab's atoms and the libraries' loss code
+# ---------------------------------------------------------------------------------------------
+
+PROMPTS, GROUP = 2, 4
+LENGTHS = (5, 5, 3, 2, 1, 5, 4, 2)  # kept tokens per response; 5 = the cap, so rows 0, 1, 5 are truncated
+REWARDS = (1.0, 0.0, 0.25, 0.0, 1.0, 1.0, 0.0, 0.25)
+
+
+def conformance_batch(seed=0):
+    """One float64 batch of PROMPTS x GROUP responses of max_new_tokens = 5 positions: the tensors the
+    online driver's update sees (mask, truncated, rewards, old/ref/sampler log-probs) and the current
+    per-token log-probs. Log-ratios spread over about +-0.5 with a few large ones (2.0 and 1.3), so that
+    clips, dual-clip, CISPO's cap and the TIS cap all bind somewhere."""
+    generator = torch.Generator().manual_seed(seed)
+    count, length = PROMPTS * GROUP, max(LENGTHS)
+    positions = torch.arange(length).expand(count, length)  # (R,) -> (N, R)
+    lengths = torch.tensor(LENGTHS)
+    mask = (positions < lengths.unsqueeze(1)).long()  # (N, R): tokens up to and including EOS
+    old_logps = -1.5 * torch.rand(count, length, generator=generator, dtype=torch.float64)
+    logps = old_logps + 0.4 * torch.randn(count, length, generator=generator, dtype=torch.float64)
+    logps[1, 0] = old_logps[1, 0] + 2.0  # A < 0 there: dual-clip (3.0) binds, CISPO's cap (5.0) does not
+    logps[4, 0] = old_logps[4, 0] + 1.3
+    ref_logps = old_logps + 0.3 * torch.randn(count, length, generator=generator, dtype=torch.float64)
+    sampler_logps = old_logps - 0.8 * torch.rand(count, length, generator=generator, dtype=torch.float64)
+    return {
+        "mask": mask, "truncated": lengths == length, "rewards": torch.tensor(REWARDS, dtype=torch.float64),
+        "old_logps": old_logps, "ref_logps": ref_logps, "sampler_logps": sampler_logps, "logps": logps,
+    }
+
+
+def lab_inputs(s, batch):
+    """(advantages (N,), loss mask (N, R), importance weights or None), as online_tokens' rollout,
+    compute_advantages and update_group make them."""
+    scores = online_tokens._scores(s, batch)  # the verifier's reward, DAPO's penalty, the KL in the reward
+    advantages = online_tokens.group_advantages_of(s, scores)
+    mask = batch["mask"]
+    if s["mask_truncated"]:
+        mask = mask * (~batch["truncated"]).unsqueeze(1).long()
+    weights = None
+    if s["tis_cap"] is not None:
+        weights = truncated_importance_weights(batch["old_logps"], batch["sampler_logps"], s["tis_cap"])
+        weights = torch.where(batch["mask"].bool(), weights, torch.zeros_like(weights))
+    return advantages, mask, weights
+
+
+def lab_group_loss(s, logps, batch, advantages, mask, weights):
+    """The online driver's GRPO-family loss (online_tokens.update_group's call of the atom)."""
+    algorithm = s["algorithm"]
+    kwargs = {"beta": 0.0 if s["kl_in"] == "reward" else s["beta"], "kl_estimator": KL_ESTIMATORS[s["kl_estimator"]]}
+    if algorithm == "grpo":
+        kwargs.update(epsilon=s["epsilon"], epsilon_high=s["epsilon_high"], dual_clip=s["dual_clip"])
+    elif algorithm == "cispo":
+        kwargs["epsilon_high"] = s["epsilon_high"]
+    elif algorithm == "gspo":
+        kwargs.update(epsilon=s["epsilon"], epsilon_high=s["epsilon_high"])
+    else:
+        kwargs.update(tau_pos=s["tau_pos"], tau_neg=s["tau_neg"])
+    if algorithm != "gspo":
+        kwargs.update(reduction=s["reduction"], max_new_tokens=s["max_new_tokens"])
+        if weights is not None:
+            kwargs["importance_weights"] = weights
+    return online_tokens.GROUP_LOSSES[algorithm](logps, batch["old_logps"], batch["ref_logps"], advantages, mask,
+                                                 **kwargs)
+
+
+def _trl_trainer(trainer_class, config):
+    """A TRL trainer that holds what its __init__ derives from `config` and nothing else, for calling its
+    loss method on given log-probs: the attributes read by GRPOTrainer._compute_loss (grpo_trainer.py,
+    __init__ lines 782-983 in 1.16.0) and RLOOTrainer._compute_loss (rloo_trainer.py lines 566-669)."""
+    from accelerate import Accelerator
+
+    trainer = trainer_class.__new__(trainer_class)
+    trainer.args = config
+    trainer.accelerator = Accelerator(cpu=True)
+    trainer.model = torch.nn.Module().train()  # _compute_loss reads only .training from it
+    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.aux_loss_enabled = False
+    trainer.router_aux_loss_coef = 0.0
+    trainer.beta = config.beta
+    trainer.epsilon_low = config.epsilon
+    trainer.epsilon_high = config.epsilon_high if config.epsilon_high is not None else config.epsilon
+    for name in ("max_completion_length", "num_generations", "use_vllm", "vllm_importance_sampling_correction",
+                 "loss_type", "scale_rewards", "importance_sampling_level", "off_policy_mask_threshold",
+                 "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy"):
+        if hasattr(config, name):
+            setattr(trainer, name, getattr(config, name))
+    trainer._entropy_bonus_enabled = bool(getattr(config, "entropy_coef", 0.0)) or getattr(
+        config, "use_adaptive_entropy", False)
+    return trainer
+
+
+def _leaf(logps):
+    return logps.detach().clone().requires_grad_(True)
+
+
+def _loss_and_grad(function, logps):
+    """(loss as a float, d loss / d logps (N, R)) of function(leaf) for a fresh leaf copy of logps."""
+    leaf = _leaf(logps)
+    with _quiet():
+        loss = function(leaf)
+    (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
+    return loss.item(), torch.zeros_like(logps) if grad is None else grad
+
+
+def trl_group_loss(config, logps, batch, advantages, mask, weights):
+    """TRL's own GRPOTrainer._compute_loss (or RLOOTrainer's) on the batch."""
+    import trl
+
+    rloo = isinstance(config, trl.RLOOConfig)
+    trainer = _trl_trainer(trl.RLOOTrainer if rloo else trl.GRPOTrainer, config)
+    # the model's forward is the one thing replaced: the log-probs are given
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros_like(logps), None)
+    count, length = logps.shape
+    inputs = {"prompt_ids": torch.zeros(count, 1, dtype=torch.long),
+              "prompt_mask": torch.ones(count, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(count, length, dtype=torch.long), "completion_mask": mask,
+              "advantages": advantages}
+    if rloo:
+        inputs["old_logps"] = (batch["old_logps"] * mask).sum(dim=1)  # (N, R) -> (N,): RLOO's sequence log-prob
+    else:
+        inputs.update({"old_per_token_logps": batch["old_logps"], "ref_per_token_logps": batch["ref_logps"],
+                       "num_items_in_batch": mask.sum()})
+        if weights is not None:
+            inputs["importance_sampling_ratio"] = weights
+    return trainer._compute_loss(None, inputs)
+
+
+def verl_actor_loss(actor_config, logps, batch, token_advantages, mask, weights):
+    """verl's own actor loss (verl.workers.utils.losses.ppo_loss: policy loss, agg_loss and the KL loss)
+    on the batch, with the log-probs in the unpadded layout its engines produce."""
+    from tensordict import TensorDict
+
+    from verl.utils import tensordict_utils
+    from verl.workers.utils.losses import ppo_loss
+
+    count, length = logps.shape
+    lengths = mask.sum(dim=1).tolist()
+    # no-padding layout: each sequence is its 1-token prompt then its kept response tokens; the engine's
+    # log_probs row t scores token t+1, so a response's log-probs sit one position to the left
+    pieces = [torch.cat([logps[row, :kept], logps.new_zeros(1)]) for row, kept in enumerate(lengths)]
+    data = TensorDict({
+        "prompts": torch.zeros(count, 1, dtype=torch.long), "responses": torch.zeros(count, length, dtype=torch.long),
+        "attention_mask": torch.cat([torch.ones(count, 1, dtype=torch.long), mask], dim=1), "response_mask": mask,
+        "old_log_probs": batch["old_logps"], "advantages": token_advantages, "ref_log_prob": batch["ref_logps"],
+    }, batch_size=[count])
+    if weights is not None:
+        data["rollout_is_weights"] = weights
+    tensordict_utils.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=count)
+    loss, _ = ppo_loss(actor_config, {"log_probs": torch.cat(pieces)}, data)
+    return loss
+
+
+def _row(setting, library, lab, theirs, note):
+    (lab_loss, lab_grad), (their_loss, their_grad) = lab, theirs
+    return {"setting": setting, "library": library, "lab_loss": lab_loss, "library_loss": their_loss,
+            "loss_difference": abs(lab_loss - their_loss),
+            "grad_difference": (lab_grad - their_grad).abs().max().item(), "note": note}
+
+
+def conformance_rows(verl_configs, output_dir):
+    """One row per (setting, library) of CONFORMANCE_SETTINGS: both losses, and the largest differences of
+    the loss and of its gradient with respect to the per-token log-probs. A row whose note is not
+    "matched" names the map's unmatched entry: its difference is measured, not a failure."""
+    batch = conformance_batch()
+    rows = []
+    for options in CONFORMANCE_SETTINGS:
+        s = run_settings(options)
+        blocks = library_blocks(s)
+        label = settings_label(options)
+        if s["algorithm"] == "ppo":
+            rows.append(_ppo_row(label, s, blocks["verl"], batch, verl_configs))
+            continue
+        if s["algorithm"] == "dpo":
+            rows.append(_simpo_row(label, s, blocks["trl"], batch, output_dir))
+            continue
+        advantages, mask, weights = lab_inputs(s, batch)
+        lab = _loss_and_grad(lambda leaf: lab_group_loss(s, leaf, batch, advantages, mask, weights), batch["logps"])
+        trl_block = blocks["trl"]
+        config = trl_config(trl_block, output_dir)
+        theirs = _loss_and_grad(lambda leaf: trl_group_loss(config, leaf, batch, advantages, mask, weights),
+                                batch["logps"])
+        rows.append(_row(label, f"TRL {trl_block['config']}", lab, theirs, _note(trl_block)))
+        if rows[-1]["note"] == "matched" and tolerance_of(rows[-1]) != TOLERANCE:
+            rows[-1]["note"] = "matched (TRL's sapo temperatures are float32)"
+        verl_block = blocks["verl"]
+        if verl_block["unmatched"].keys() & {"mask_truncated"}:
+            continue  # verl cannot drop truncated responses: no verl loss to compare
+        _, actor, _ = verl_configs.compose(verl_block["options"])
+        token_advantages = advantages.unsqueeze(1) * batch["mask"]  # (N,) -> (N, R), as verl's estimators
+        theirs = _loss_and_grad(lambda leaf: verl_actor_loss(actor, leaf, batch, token_advantages, mask, weights),
+                                batch["logps"])
+        rows.append(_row(label, "verl actor loss", lab, theirs, _note(verl_block)))
+    return rows
+
+
+def _note(block):
+    return "matched" if not block["unmatched"] else "unmatched: " + ", ".join(block["unmatched"])
+
+
+def _ppo_row(label, s, verl_block, batch, verl_configs):
+    """The lab's PPO policy loss (clipped_policy_loss, mean over kept tokens) and verl's actor loss, on
+    per-token advantages."""
+    generator = torch.Generator().manual_seed(1)
+    mask = batch["mask"]
+    token_advantages = torch.randn(mask.shape, generator=generator, dtype=torch.float64) * mask
+
+    def lab_loss(leaf):
+        per_token = clipped_policy_loss(leaf, batch["old_logps"], token_advantages, s["epsilon"])
+        return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum() / mask.sum()
+
+    _, actor, _ = verl_configs.compose(verl_block["options"])
+    lab = _loss_and_grad(lab_loss, batch["logps"])
+    theirs = _loss_and_grad(lambda leaf: verl_actor_loss(actor, leaf, batch, token_advantages, mask, None),
+                            batch["logps"])
+    return _row(label, "verl actor loss", lab, theirs, _note(verl_block))
+
+
+def _simpo_row(label, s, trl_block, batch, output_dir):
+    """The lab's SimPO on length-averaged log-probs and TRL's CPOTrainer.cpo_loss; pairs are rows (0, 1),
+    (2, 3), ... of the batch."""
+    from trl.experimental.cpo import CPOTrainer
+
+    config = trl_config(trl_block, output_dir)
+    from accelerate import Accelerator
+
+    trainer = CPOTrainer.__new__(CPOTrainer)  # what CPOTrainer.__init__ derives for cpo_loss (lines 353-371)
+    trainer.accelerator = Accelerator(cpu=True)
+    for name in ("beta", "label_smoothing", "loss_type", "simpo_gamma", "alpha"):
+        setattr(trainer, name, getattr(config, name))
+    mask = batch["mask"]
+
+    def averaged(leaf):  # (N, R) -> (N,): each response's mean log-prob over its kept tokens
+        return online_tokens.sequence_logps_of(s, leaf, mask)
+
+    def lab_loss(leaf):
+        sequence = averaged(leaf)
+        return simpo_loss(sequence[0::2], sequence[1::2], s["dpo_beta"], s["simpo_gamma"]).mean()
+
+    def trl_loss(leaf):
+        sequence = averaged(leaf)
+        return trainer.cpo_loss(sequence[0::2], sequence[1::2])[0].mean()
+
+    return _row(label, "TRL CPOTrainer.cpo_loss", _loss_and_grad(lab_loss, batch["logps"]),
+                _loss_and_grad(trl_loss, batch["logps"]), _note(trl_block))
+
+
+def convention_rows(verl_configs, output_dir):
+    """Each documented convention difference, measured: (convention, what is compared, size)."""
+    import trl
+    from trl.trainer.utils import nanstd
+
+    from verl.trainer.ppo import core_algos
+
+    rows = []
+    small_group = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # one success in four
+    lab = group_relative_advantages(small_group, 4)
+    trl_advantages = (small_group - small_group.mean()) / (nanstd(small_group) + 1e-4)  # grpo_trainer.py 2770-2787
+    rows.append(("group std: TRL's is the unbiased one (eps 1e-4), the lab's the population std",
+                 "advantages of rewards (1, 0, 0, 0)", (lab - trl_advantages).abs().max().item()))
+    index = ["p"] * 4
+    token_rewards = torch.zeros(4, 3, dtype=torch.float64)
+    token_rewards[:, -1] = small_group
+    verl_advantages, _ = core_algos.compute_grpo_outcome_advantage(token_rewards, torch.ones(4, 3), index)
+    rows.append(("group std: verl's is torch.std (unbiased, eps 1e-6)", "advantages of rewards (1, 0, 0, 0)",
+                 (lab - verl_advantages[:, 0]).abs().max().item()))
+    verl_rloo, _ = core_algos.compute_rloo_outcome_advantage(token_rewards.clone(), torch.ones(4, 3), index)
+    rows.append(("RLOO advantages: verl's estimator (no convention differs)", "advantages of rewards (1, 0, 0, 0)",
+                 (rloo_advantages(small_group.unsqueeze(0))[0] - verl_rloo[:, 0]).abs().max().item()))
+    rows.extend(_gae_rows(core_algos))
+    logratio = torch.tensor([12.0, 25.0], dtype=torch.float64)
+    verl_k3 = core_algos.kl_penalty(torch.zeros(2, dtype=torch.float64), logratio, "low_var_kl")
+    rows.append(("verl clamps k3 at 10 (and the log-ratio at 20)", "k3 at ref - logp = 12",
+                 (kl_k3(torch.zeros(2, dtype=torch.float64), logratio) - verl_k3)[0].abs().item()))
+    rows.extend(_clip_rows(core_algos, verl_configs))
+    rows.extend(_trl_default_rows(trl, output_dir))
+    return rows
+
+
+def _gae_rows(core_algos):
+    """verl's GAE (terminal at the last kept token) against the lab's gae atom, before and after whitening."""
+    generator = torch.Generator().manual_seed(2)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    rewards = torch.zeros(3, 4, dtype=torch.float64)
+    rewards[torch.arange(3), mask.sum(dim=1) - 1] = torch.tensor([1.0, 0.0, 0.25], dtype=torch.float64)
+    values = torch.rand(3, 4, generator=generator, dtype=torch.float64) * mask
+    gamma, lam = 1.0, 0.95
+    verl_advantages, verl_returns = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    lab_advantages, lab_returns = torch.zeros_like(values), torch.zeros_like(values)
+    for row in range(3):
+        kept = int(mask[row].sum())
+        next_values = torch.cat([values[row, 1:kept], values.new_zeros(1)])
+        done = torch.arange(kept) == kept - 1  # the response ends: terminal, as in verl
+        advantages, returns = gae(rewards[row, :kept], values[row, :kept], next_values, done, done, gamma, lam)
+        lab_advantages[row, :kept], lab_returns[row, :kept] = advantages, returns
+    kept = mask.bool()
+    mean, std = lab_advantages[kept].mean(), lab_advantages[kept].std(correction=0)
+    whitened = (lab_advantages - mean) / (std + online_tokens.WHITEN_EPS)
+    return [
+        ("GAE returns: verl's compute_gae_advantage_return (no convention differs)", "3 responses, gamma 1, lam 0.95",
+         (lab_returns - verl_returns)[kept].abs().max().item()),
+        ("GAE whitening: verl's variance is unbiased, eps 1e-8 inside the sqrt", "the same advantages, whitened",
+         (whitened - verl_advantages)[kept].abs().max().item()),
+    ]
+
+
+def _clip_rows(core_algos, verl_configs):
+    """verl's log-ratio clamp at 20 and its default dual-clip, against the lab's clipped loss."""
+    rows = []
+    _, actor, _ = verl_configs.compose({ACTOR + "loss_agg_mode": "token-mean"})  # verl's defaults: dual-clip 3.0
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    logp = torch.tensor([[1.5, 25.0]], dtype=torch.float64)  # ratios e**1.5 = 4.5 and e**25
+    advantages = torch.full((1, 2), -1.0, dtype=torch.float64)
+    mask = torch.ones(1, 2)
+    lab = clipped_policy_loss(logp[:, :1], old[:, :1], advantages[:, :1]).item()
+    verl, _ = core_algos.compute_policy_loss_vanilla(old[:, :1], logp[:, :1], advantages[:, :1], mask[:, :1],
+                                                     config=actor)
+    rows.append(("verl's vanilla loss always applies dual-clip (clip_ratio_c 3.0 unless set)",
+                 "A = -1 at ratio 4.5", abs(lab - verl.item())))
+    _, actor_off, _ = verl_configs.compose({ACTOR + "loss_agg_mode": "token-mean",
+                                            ACTOR + "clip_ratio_c": VERL_NO_DUAL_CLIP})
+    lab = clipped_policy_loss(logp[:, 1:], old[:, 1:], advantages[:, 1:], check=False).item()
+    verl, _ = core_algos.compute_policy_loss_vanilla(old[:, 1:], logp[:, 1:], advantages[:, 1:], mask[:, 1:],
+                                                     config=actor_off)
+    rows.append(("verl clamps the log-ratio at 20 (dual-clip off)", "A = -1 at log-ratio 25 (relative)",
+                 abs(lab - verl.item()) / abs(lab)))
+    return rows
+
+
+def _trl_default_rows(trl, output_dir):
+    """What TRL's defaults change when the map's settings are left out: use_bias_correction_kl, and RLOO's
+    sequence ratio against the lab's token loss."""
+    batch = conformance_batch()
+    s = run_settings({})
+    advantages, mask, weights = lab_inputs(s, batch)
+    lab = _loss_and_grad(lambda leaf: lab_group_loss(s, leaf, batch, advantages, mask, weights), batch["logps"])
+    block = library_blocks(s)["trl"]
+    default = dict(block, options={key: value for key, value in block["options"].items()
+                                   if key != "use_bias_correction_kl"})
+    config = trl_config(default, output_dir)
+    theirs = _loss_and_grad(lambda leaf: trl_group_loss(config, leaf, batch, advantages, mask, weights),
+                            batch["logps"])
+    rows = [("TRL 1.16 multiplies k3 by the ratio by default (use_bias_correction_kl=True)",
+             "loss / gradient, the default GRPO batch",
+             f"{abs(lab[0] - theirs[0]):.3g} / {(lab[1] - theirs[1]).abs().max().item():.3g}")]
+    # the map leaves delta out below 1 + epsilon_high: what it would do there
+    s = run_settings({"dual_clip": 1.1})
+    lab = _loss_and_grad(lambda leaf: lab_group_loss(s, leaf, batch, advantages, mask, weights), batch["logps"])
+    block = library_blocks(s)["trl"]
+    config = trl_config(dict(block, options={**block["options"], "delta": 1.1}), output_dir)
+    theirs = _loss_and_grad(lambda leaf: trl_group_loss(config, leaf, batch, advantages, mask, weights),
+                            batch["logps"])
+    rows.append(("TRL's delta caps A > 0 ratios too: below 1 + epsilon_high it is not dual-clip",
+                 "loss / gradient, --dual-clip 1.1 as delta=1.1",
+                 f"{abs(lab[0] - theirs[0]):.3g} / {(lab[1] - theirs[1]).abs().max().item():.3g}"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The Markdown table README holds
+# ---------------------------------------------------------------------------------------------
+
+
+def tolerance_of(row):
+    """The largest difference a matched row may show: float64 rounding, or float32's for TRL's sapo."""
+    if row["library"].startswith("TRL") and row["setting"].startswith("--algorithm sapo"):
+        return SAPO_TRL_TOLERANCE
+    return TOLERANCE
+
+
+def conformance_table(rows, conventions):
+    """Markdown: the losses and their largest differences, then the convention differences measured."""
+    lines = ["| lab setting | library code | loss (lab) | loss (library) | max abs diff, loss | max abs diff, "
+             "gradient | map |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['setting']} | {row['library']} | {row['lab_loss']:.10f} | {row['library_loss']:.10f} "
+                     f"| {row['loss_difference']:.1e} | {row['grad_difference']:.1e} | {row['note']} |")
+    lines += ["", "| convention difference | measured on | size |", "|---|---|---|"]
+    for convention, measured_on, size in conventions:
+        shown = size if isinstance(size, str) else f"{size:.3g}"
+        lines.append(f"| {convention} | {measured_on} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_conformance():
+    """(Markdown table, failures): a matched row whose loss or gradient differs beyond TOLERANCE fails."""
+    libraries()
+    verl_configs = VerlConfigs()
+    try:
+        with tempfile.TemporaryDirectory() as output_dir:
+            rows = conformance_rows(verl_configs, output_dir)
+            conventions = convention_rows(verl_configs, output_dir)
+    finally:
+        verl_configs.close()
+    failures = [row for row in rows if row["note"].startswith("matched")
+                and max(row["loss_difference"], row["grad_difference"]) > tolerance_of(row)]
+    return conformance_table(rows, conventions), failures
+
+
+# ---------------------------------------------------------------------------------------------
+# e2e: an exported TRL script trains on a CPU; the lab's atoms recompute one step of it
+# ---------------------------------------------------------------------------------------------
+
+E2E_STEPS = 3
+E2E_TOLERANCE = 1e-6  # float32: TRL's forward pass and the lab's recompute of it, same model and inputs
+CAPTURED_CALL = 1  # the second loss of the run: num_iterations 2 reuses the batch after one step, ratios != 1
+
+
+def load_script(path):
+    """The exported script as a module (its main() is not run)."""
+    spec = importlib.util.spec_from_file_location("exported_trl_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def capturing(trainer_class):
+    """A subclass of TRL's trainer that keeps one call of its own _compute_loss: the inputs TRL fed it,
+    the model's parameters, the loss and its gradient with respect to them."""
+
+    class Capturing(trainer_class):
+        captured = None
+        calls = 0
+
+        def _compute_loss(self, model, inputs):
+            loss = super()._compute_loss(model, inputs)
+            if type(self).calls == CAPTURED_CALL:
+                params = [param for param in model.parameters() if param.requires_grad]
+                grads = torch.autograd.grad(loss, params, retain_graph=True)
+                type(self).captured = {
+                    "inputs": {key: value.detach().clone() for key, value in inputs.items()
+                               if isinstance(value, torch.Tensor)},
+                    "state": {name: value.detach().clone() for name, value in model.state_dict().items()},
+                    "loss": loss.detach().clone(), "grads": [grad.clone() for grad in grads],
+                }
+            type(self).calls += 1
+            return loss
+
+    return Capturing
+
+
+def lab_recompute(model, captured, s, block):
+    """(loss, gradients) of the captured step recomputed by the lab: a plain forward pass of the same
+    parameters, the lab's response_token_logps at TRL's temperature, and its GRPO-family atom."""
+    from rl_lab import response_token_logps
+
+    inputs = captured["inputs"]
+    model.load_state_dict(captured["state"])
+    prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P) + (B, R) -> (B, T)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits / block["options"]["temperature"]
+    completion = torch.zeros_like(input_ids, dtype=torch.bool)
+    completion[:, prompt_ids.shape[1]:] = inputs["completion_mask"].bool()
+    token_logps, _ = response_token_logps(logits, input_ids, completion)
+    length = completion_ids.shape[1]
+    logps = token_logps[:, -length:]  # (B, T-1) -> (B, R): the completion's positions
+    old_logps = inputs.get("old_per_token_logps", logps.detach())
+    ref_logps = inputs.get("ref_per_token_logps", torch.zeros_like(logps))
+    loss = lab_group_loss(s, logps, {"old_logps": old_logps, "ref_logps": ref_logps}, inputs["advantages"],
+                          inputs["completion_mask"], None)
+    params = [param for param in model.parameters() if param.requires_grad]
+    kept = inputs["completion_mask"].bool()
+    log_ratio = (logps.detach() - old_logps)[kept].abs().max().item()
+    return loss, torch.autograd.grad(loss, params), log_ratio
+
+
+def run_e2e(options=None, folder=None):
+    """Export the TRL script of `options` (default: the lab's default GRPO run), train E2E_STEPS steps of
+    it on a CPU, and recompute the captured step with the lab's atoms: {"loss_trl", "loss_lab",
+    "loss_difference", "grad_difference", "seconds"}."""
+    import time
+
+    from library_export import export_trl
+
+    libraries()
+    s = run_settings(options or {})
+    block = library_blocks(s)["trl"]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = folder or scratch
+        path = os.path.join(folder, "trl_run.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(export_trl(s))
+        started = time.perf_counter()
+        with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # TRL's progress bars
+            script = load_script(path)
+            trainer_class = capturing(getattr(script, block["config"].replace("Config", "Trainer")))
+            trainer = script.make_trainer(os.path.join(folder, "run"), E2E_STEPS, trainer_class)
+            trainer.train()
+        seconds = time.perf_counter() - started
+        captured = trainer_class.captured
+        if captured is None:
+            raise RuntimeError(f"the run made fewer than {CAPTURED_CALL + 1} loss calls")
+        loss, grads, log_ratio = lab_recompute(trainer.model, captured, s, block)
+    grad_difference = max((mine - theirs).abs().max().item() for mine, theirs in zip(grads, captured["grads"]))
+    return {"loss_trl": captured["loss"].item(), "loss_lab": loss.item(),
+            "loss_difference": abs(loss.item() - captured["loss"].item()), "grad_difference": grad_difference,
+            "seconds": seconds, "max_log_ratio": log_ratio,
+            "nonzero_advantages": int((captured["inputs"]["advantages"] != 0).sum()),
+            "responses": captured["inputs"]["advantages"].numel()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="bridge.py",
+        description="Check the lab's map to TRL and verl against the installed libraries: build every mapped "
+                    "configuration (check), or compare the lab's losses with the libraries' own loss code on the "
+                    "same batch (conformance, a Markdown table). Needs requirements-bridge.txt.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser,
+                                     metavar="{check,conformance,e2e}")
+    commands.add_parser("check", help="build every mapped configuration into TRL's and verl's config objects")
+    commands.add_parser("conformance", help="the lab's losses against the libraries' on one float64 batch")
+    commands.add_parser("e2e", help="an exported TRL script trains 3 steps on a CPU; the lab recomputes one step")
+    return parser
+
+
+@torch_threads(1)  # tiny tensors, as the drivers
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            lines, failures = run_check()
+            print("\n".join(lines))
+            print(f"{len(lines)} settings, {2 * len(lines)} blocks: {failures} failed")
+            return 1 if failures else 0
+        if args.command == "e2e":
+            result = run_e2e()
+            print(f"exported TRL script, {E2E_STEPS} steps on a CPU in {result['seconds']:.1f} s; "
+                  f"step {CAPTURED_CALL + 1}: "
+                  f"loss TRL {result['loss_trl']:.8f}, lab {result['loss_lab']:.8f}, difference "
+                  f"{result['loss_difference']:.1e}; gradients differ by at most {result['grad_difference']:.1e} "
+                  f"({result['nonzero_advantages']} of {result['responses']} advantages nonzero, log-ratios up to "
+                  f"{result['max_log_ratio']:.2g})")
+            return 0 if max(result["loss_difference"], result["grad_difference"]) <= E2E_TOLERANCE else 1
+        table, failures = run_conformance()
+        print(table, end="")
+        for row in failures:
+            print(f"bridge.py: error: {row['setting']} ({row['library']}) differs by {row['loss_difference']:.1e} "
+                  f"in the loss, {row['grad_difference']:.1e} in the gradient", file=sys.stderr)
+        return 1 if failures else 0
+    except ExtraMissing as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
