@@ -29,6 +29,7 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
     exit_quietly_on_signals()
 
 import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
 import importlib  # noqa: E402
 import io  # noqa: E402
 import math  # noqa: E402
@@ -44,15 +45,15 @@ import online_tokens  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, run_cli  # noqa: E402
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks  # noqa: E402
+from online_algorithms import WHITEN_EPS, GroupCredit, GroupFamily, PreferenceFamily  # noqa: E402
+from online_settings import BY_NAME, OnlineConfig, resolve  # noqa: E402
 from rl_lab import (  # noqa: E402
-    KL_ESTIMATORS,
     clipped_policy_loss,
     gae,
     group_relative_advantages,
     kl_k3,
     rloo_advantages,
     simpo_loss,
-    truncated_importance_weights,
 )
 
 INSTALL = ("python3 -m venv .venv-bridge && .venv-bridge/bin/pip install -r requirements.txt && "
@@ -155,23 +156,24 @@ class ExtraMissing(Exception):
 
 def settings_label(options):
     """The online_tokens.py flags that give these options, e.g. '--algorithm cispo --reduction token'."""
-    flag_of = {key: flag for flag, (key, _, _) in online_tokens.FLAGS.items()}
     words = []
     for key, value in options.items():
-        if key == "algorithm":
-            words.append(f"--algorithm {value}")
-        elif value is True:
-            words.append(flag_of[key])
-        elif key == "whiten_advantages":
-            words.append("--no-whiten")
+        flag = BY_NAME[key].option
+        if BY_NAME[key].kind == "bool":
+            words.append(flag)  # a switch: --mask-truncated, or --no-whiten for whiten_advantages=False
         else:
-            words.append(f"{flag_of[key]} {value}")
+            words.append(f"{flag} {value}")
     return " ".join(words) or "(defaults: --algorithm grpo)"
 
 
 def run_settings(options):
     """The dict online_tokens passes to library_blocks: the resolved config plus max_grad_norm."""
-    return online_tokens.config(**options) | {"max_grad_norm": online_tokens.MAX_GRAD_NORM}
+    return dataclasses.asdict(resolve(options)) | {"max_grad_norm": online_tokens.MAX_GRAD_NORM}
+
+
+def lab_config(s):
+    """The OnlineConfig of a run_settings dict."""
+    return OnlineConfig(**{name: value for name, value in s.items() if name in BY_NAME})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,39 +377,29 @@ def conformance_batch(seed=0):
     }
 
 
+def loop_batch(batch):
+    """The conformance batch as the online loop's Batch (the fields its GRPO family reads)."""
+    loop = online_tokens.Batch(None, None, batch["mask"].bool(), batch["truncated"], batch["rewards"],
+                               batch["sampler_logps"])
+    loop.mask, loop.old_logps, loop.ref_logps = batch["mask"], batch["old_logps"], batch["ref_logps"]
+    return loop
+
+
 def lab_inputs(s, batch):
-    """(advantages (N,), loss mask (N, R), importance weights or None), as online_tokens' rollout,
-    compute_advantages and update_group make them."""
-    scores = online_tokens._scores(s, batch)  # the verifier's reward, DAPO's penalty, the KL in the reward
-    advantages = online_tokens.group_advantages_of(s, scores)
-    mask = batch["mask"]
-    if s["mask_truncated"]:
-        mask = mask * (~batch["truncated"]).unsqueeze(1).long()
-    weights = None
-    if s["tis_cap"] is not None:
-        weights = truncated_importance_weights(batch["old_logps"], batch["sampler_logps"], s["tis_cap"])
-        weights = torch.where(batch["mask"].bool(), weights, torch.zeros_like(weights))
-    return advantages, mask, weights
+    """(advantages (N,), loss mask (N, R), importance weights or None), made by the online loop's own
+    GRPO-family object: its scores (the verifier's reward, DAPO's penalty, the KL in the reward) and credit."""
+    family, loop = GroupFamily(lab_config(s)), loop_batch(batch)
+    loop.scores = family.scores(loop)
+    credit = family.credit(loop)
+    return credit.advantages, credit.loss_mask, credit.importance_weights
 
 
 def lab_group_loss(s, logps, batch, advantages, mask, weights):
-    """The online driver's GRPO-family loss (online_tokens.update_group's call of the atom)."""
-    algorithm = s["algorithm"]
-    kwargs = {"beta": 0.0 if s["kl_in"] == "reward" else s["beta"], "kl_estimator": KL_ESTIMATORS[s["kl_estimator"]]}
-    if algorithm == "grpo":
-        kwargs.update(epsilon=s["epsilon"], epsilon_high=s["epsilon_high"], dual_clip=s["dual_clip"])
-    elif algorithm == "cispo":
-        kwargs["epsilon_high"] = s["epsilon_high"]
-    elif algorithm == "gspo":
-        kwargs.update(epsilon=s["epsilon"], epsilon_high=s["epsilon_high"])
-    else:
-        kwargs.update(tau_pos=s["tau_pos"], tau_neg=s["tau_neg"])
-    if algorithm != "gspo":
-        kwargs.update(reduction=s["reduction"], max_new_tokens=s["max_new_tokens"])
-        if weights is not None:
-            kwargs["importance_weights"] = weights
-    return online_tokens.GROUP_LOSSES[algorithm](logps, batch["old_logps"], batch["ref_logps"], advantages, mask,
-                                                 **kwargs)
+    """The online loop's GRPO-family loss: its registered atom with the run's settings."""
+    loop = online_tokens.Batch(None, None, None, None, None, None)
+    loop.old_logps, loop.ref_logps = batch["old_logps"], batch["ref_logps"]
+    loss, _, _ = GroupFamily(lab_config(s)).loss(logps, loop, GroupCredit(advantages, mask, weights), first_pass=True)
+    return loss
 
 
 def _trl_trainer(trainer_class, config):
@@ -578,7 +570,7 @@ def _simpo_row(label, s, trl_block, batch, output_dir):
     mask = batch["mask"]
 
     def averaged(leaf):  # (N, R) -> (N,): each response's mean log-prob over its kept tokens
-        return online_tokens.sequence_logps_of(s, leaf, mask)
+        return PreferenceFamily(lab_config(s)).sequence_logps(leaf, mask)
 
     def lab_loss(leaf):
         sequence = averaged(leaf)
@@ -642,7 +634,7 @@ def _gae_rows(core_algos):
         lab_advantages[row, :kept], lab_returns[row, :kept] = advantages, returns
     kept = mask.bool()
     mean, std = lab_advantages[kept].mean(), lab_advantages[kept].std(correction=0)
-    whitened = (lab_advantages - mean) / (std + online_tokens.WHITEN_EPS)
+    whitened = (lab_advantages - mean) / (std + WHITEN_EPS)
     return [
         ("GAE returns: verl's compute_gae_advantage_return (no convention differs)", "3 responses, gamma 1, lam 0.95",
          (lab_returns - verl_returns)[kept].abs().max().item()),

@@ -4,7 +4,7 @@ library_map's blocks. Neither TRL nor verl is imported: the online driver can of
     export_trl(settings)  -> the text of a runnable TRL 1.16 script (the GRPO family)
     export_verl(settings) -> the verl 0.9 launch command with its Hydra overrides
 
-`settings` is the dict the online driver passes to library_map.library_blocks (online_tokens.config()
+`settings` is the dict the online driver passes to library_map.library_blocks (its resolved settings
 plus max_grad_norm). The TRL script trains a tiny causal LM built from a config, with a character
 tokenizer built locally (nothing is downloaded), on the lab's task (the prompt n, the answer n in
 binary then EOS) with the lab's verifier as its reward function; a comment says what to change to
@@ -13,6 +13,7 @@ scale up. `python bridge.py e2e` runs such a script and recomputes TRL's loss wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from library_map import library_blocks
@@ -25,19 +26,17 @@ TINY_MODEL_LEARNING_RATE = 3e-3
 
 
 def _flags(settings):
-    """The online_tokens.py options of these settings that differ from its defaults, as flags."""
-    import online_tokens  # only for its flag names and defaults; nothing is trained
+    """The online_tokens.py options of these settings that differ from the algorithm's defaults, as flags."""
+    from online_settings import APPLIES, BY_NAME, resolve  # only the declarations; nothing is trained
 
-    flag_of = {key: flag for flag, (key, _, _) in online_tokens.FLAGS.items()}
-    resolved = online_tokens.config(algorithm=settings["algorithm"])
+    resolved = dataclasses.asdict(resolve({"algorithm": settings["algorithm"]}))
     words = [f"--algorithm {settings['algorithm']}"]
-    for key, flag in flag_of.items():
+    for key, item in BY_NAME.items():
+        if key == "algorithm" or settings["algorithm"] not in APPLIES[key]:
+            continue
         if key in settings and settings[key] != resolved.get(key):
             value = settings[key]
-            if isinstance(value, bool):
-                words.append(flag)
-            else:
-                words.append(f"{flag} {value}")
+            words.append(item.option if isinstance(value, bool) else f"{item.option} {value}")
     return " ".join(words)
 
 

@@ -227,8 +227,19 @@ def _verl_group(s):
     return {"config": "ppo_trainer.yaml", "options": options, "unmatched": unmatched, "differences": differences}
 
 
-def _group_blocks(s):
-    return _trl_group(s), _verl_group(s)
+def group_blocks(s):
+    """{"trl": block, "verl": block} of a GRPO-family run (grpo, cispo, gspo, sapo)."""
+    return {"trl": _trl_group(s), "verl": _verl_group(s)}
+
+
+def ppo_blocks(s):
+    """{"trl": block, "verl": block} of a PPO run."""
+    return dict(zip(("trl", "verl"), _ppo_blocks(s)))
+
+
+def dpo_blocks(s):
+    """{"trl": block, "verl": block} of a DPO-family run."""
+    return dict(zip(("trl", "verl"), _dpo_blocks(s)))
 
 
 def _ppo_blocks(s):
@@ -315,14 +326,7 @@ def _dpo_blocks(s):
 
 def library_blocks(settings):
     """{"trl": block, "verl": block} for one online run's settings (see the module docstring)."""
-    algorithm = settings["algorithm"]
-    if algorithm == "ppo":
-        trl, verl = _ppo_blocks(settings)
-    elif algorithm == "dpo":
-        trl, verl = _dpo_blocks(settings)
-    else:
-        trl, verl = _group_blocks(settings)
-    return {"trl": trl, "verl": verl}
+    return {"ppo": ppo_blocks, "dpo": dpo_blocks}.get(settings["algorithm"], group_blocks)(settings)
 
 
 # The README table: one row per lab setting, written from the same facts as the blocks above.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from library_map import _dpo_blocks as dpo_blocks, _group_blocks as group_blocks, _ppo_blocks as ppo_blocks
+from library_map import dpo_blocks, group_blocks, ppo_blocks
 from rl_lab import (
     KL_ESTIMATORS,
     cdpo_loss,
@@ -277,8 +277,7 @@ class GroupFamily:
 
     @staticmethod
     def library_blocks(settings):
-        trl, verl = group_blocks(settings)
-        return {"trl": trl, "verl": verl}
+        return group_blocks(settings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,8 +411,7 @@ class TokenPPO:
 
     @staticmethod
     def library_blocks(settings):
-        trl, verl = ppo_blocks(settings)
-        return {"trl": trl, "verl": verl}
+        return ppo_blocks(settings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,8 +496,7 @@ class PreferenceFamily:
 
     @staticmethod
     def library_blocks(settings):
-        trl, verl = dpo_blocks(settings)
-        return {"trl": trl, "verl": verl}
+        return dpo_blocks(settings)
 
 
 FAMILIES = {"group": GroupFamily, "ppo": TokenPPO, "dpo": PreferenceFamily}

@@ -22,6 +22,7 @@ import torch
 import bridge
 import library_export
 import online_tokens
+from online_settings import SETTINGS
 from lab_testing import HERE, run_main, single_thread_module
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks
 
@@ -106,11 +107,14 @@ class Commands(unittest.TestCase):
         algorithms = {options.get("algorithm", "grpo") for options in bridge.REPRESENTATIVE_SETTINGS}
         self.assertEqual(algorithms, set(online_tokens.ALGORITHMS))
         switches = {key for options in bridge.REPRESENTATIVE_SETTINGS for key in options}
-        untested = {key for _, (key, _, _) in online_tokens.FLAGS.items()} - switches
-        # the sampler and optimizer settings are the same plain numbers in every block
+        # every setting of the table policy (the transformer's are the lab's own: precision, cache, SFT)
+        untested = {item.name for item in SETTINGS if item.policies is None} - switches
+        # the sampler and optimizer settings are the same plain numbers in every block; the policy and the
+        # task are the lab's (the export writes its own model and task)
         self.assertEqual(untested, {"steps", "seed", "prompts", "group_size", "max_new_tokens", "temperature",
                                     "updates_per_batch", "learning_rate", "epsilon", "tau_pos", "tau_neg",
-                                    "gamma", "gae_lambda", "value_coef", "dpo_beta", "simpo_gamma"})
+                                    "gamma", "gae_lambda", "value_coef", "dpo_beta", "simpo_gamma", "policy",
+                                    "task"})
 
     def test_check_refuses_an_option_the_installed_library_lacks(self):
         with self.assertRaisesRegex(ValueError, "RLOOConfig: .*loss_type"):
