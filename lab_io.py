@@ -147,6 +147,7 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 # block of the main thread, remember the signal and raise it when the block ends.
 
 _held = threading.local()  # .depth: HeldSignals blocks open in this thread; .pending: the signal waiting
+_program_pid = os.getpid()  # the process whose run_cli installed the handlers (set again by run_cli)
 
 
 def _stop(signum):
@@ -156,7 +157,12 @@ def _stop(signum):
 
 
 def _on_stop_signal(signum, frame):
-    """run_cli's handler of Ctrl-C, SIGTERM and SIGHUP."""
+    """run_cli's handler of Ctrl-C, SIGTERM and SIGHUP. In a process forked from the program's (a worker
+    before it sets its own handlers) it does what the default action does: end that process."""
+    if os.getpid() != _program_pid:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if getattr(_held, "depth", 0):
         _held.pending = signum
         return
@@ -599,6 +605,8 @@ def run_cli(main_function):
       the traceback).
     stdout and stderr replace what they cannot encode (an odd file name) instead of failing.
     """
+    global _program_pid
+    _program_pid = os.getpid()
     previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
     for signum in _STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
