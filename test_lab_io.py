@@ -450,6 +450,16 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertIn("error: out of memory (choose smaller sizes)", stderr)
         self.assertNotIn("unexpected", stderr)
 
+    def test_a_benchmarked_driver_that_fails_is_one_line_with_its_own_message(self):
+        # bench.py runs each driver in a temporary folder: a full TMPDIR makes the driver fail there
+        failing = ["-c", "import sys; sys.exit('ppo_chain.py: error: cannot write ...: No space left on device')"]
+        with tempfile.TemporaryDirectory() as tmp:
+            code, _, stderr = run_cli_in_process(lambda argv: bench.timed_process(failing, 1, tmp) or 0, [])
+        self.assertEqual(code, 1)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("(status 1): ppo_chain.py: error: cannot write ...: No space left on device", stderr)
+        self.assertNotIn("unexpected", stderr)
+
     def test_a_name_a_strict_stdout_cannot_encode_is_escaped(self):
         strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
         with mock.patch.object(sys, "stdout", strict):
