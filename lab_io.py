@@ -515,6 +515,8 @@ def write_files(files):
     temporary of this call is left. Runs writing into the same folder wait for each other. Under
     run_cli, Ctrl-C, SIGTERM and SIGHUP wait until the write is done or undone.
     """
+    if not files:
+        return
     targets = {}
     for path, data in files.items():
         if os.path.basename(path) in ("", os.curdir, os.pardir):
