@@ -215,6 +215,12 @@ def _limit(folder, name, default):
         return default
 
 
+def _longest_path(folder):
+    """The longest path a write under the existing `folder` can take: PATH_MAX less its final NUL and
+    what the staging folder adds."""
+    return _limit(folder, "PC_PATH_MAX", 4096) - 1 - STAGE_OVERHEAD
+
+
 def _sticky_refuses(folder, file_stat):
     """True when `folder` is sticky (like /tmp) and the file belongs to another user: rename fails there."""
     if not hasattr(os, "geteuid") or os.geteuid() == 0:
@@ -277,8 +283,7 @@ def output_folder_problem(path, filenames=()):
     for part in ([] if missing == os.curdir else missing.split(os.sep)) + list(filenames):
         if len(os.fsencode(part)) > name_max:
             return f"name {part[:40]!r}... is longer than the {name_max} bytes this filesystem allows"
-    # PATH_MAX counts the final NUL; the stage the files are written in adds STAGE_OVERHEAD bytes
-    longest = _limit(existing, "PC_PATH_MAX", 4096) - 1 - STAGE_OVERHEAD
+    longest = _longest_path(existing)
     for name in list(filenames) or [""]:
         if len(os.fsencode(os.path.join(folder, name))) > longest:
             return (f"path {path[:40]!r}... is {len(os.fsencode(os.path.join(folder, name)))} bytes long once "
@@ -522,6 +527,11 @@ def write_files(files):
         if os.path.basename(path) in ("", os.curdir, os.pardir):
             raise WriteFailed(f"cannot write {path!r}: not a file name")
         targets[_target_path(path)] = data
+    for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
+        longest = _longest_path(_nearest_existing(os.path.dirname(target)))
+        if len(os.fsencode(target)) > longest:
+            raise WriteFailed(f"cannot write {target[:40]!r}...: the path is {len(os.fsencode(target))} bytes long; "
+                              f"at most {longest} bytes can be written here")
     base = os.path.commonpath([os.path.dirname(target) for target in targets])
     while True:
         anchor = _nearest_existing(base)
