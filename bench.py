@@ -66,13 +66,20 @@ def machine():
 
 
 def timed_process(argv, runs, folder):
-    """Median and min wall seconds of `python argv...` in fresh processes (output into `folder`)."""
+    """Median and min wall seconds of `python argv...` in fresh processes (output into `folder`).
+
+    Raises ChildProcessError with the process's own last line when it fails (a full TMPDIR: the driver
+    cannot write its files there), which run_cli prints as one line.
+    """
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        subprocess.run([sys.executable, *argv], cwd=folder, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        finished = subprocess.run([sys.executable, *argv], cwd=folder, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, errors="backslashreplace")
         times.append(time.perf_counter() - started)
+        if finished.returncode != 0:
+            said = (finished.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+            raise ChildProcessError(f"{os.path.basename(argv[0])} failed in {folder} (status {finished.returncode}): {said}")
     return statistics.median(times), min(times)
 
 

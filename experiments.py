@@ -24,7 +24,9 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
 
 import math  # noqa: E402
 import multiprocessing  # noqa: E402
+import multiprocessing.connection  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -41,6 +43,7 @@ from lab_checks import torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
     HeldSignals,
     OneLineErrorParser,
+    Terminated,
     csv_text,
     int_flag,
     json_text,
@@ -567,18 +570,16 @@ def experiments():
 
 
 def _worker_signals():
-    """A worker leaves Ctrl-C and SIGHUP to the main process (which stops the pool) and ends at once when
-    the pool is terminated: it must not inherit the main process's handlers, which raise. It leaves the
-    main process's group, so a signal to the group (a terminal's Ctrl-C, `kill -TERM -PGID`) reaches the
-    main process alone, and no worker dies while the pool could still start its replacement."""
-    import signal
-
-    if hasattr(os, "setpgrp"):
-        os.setpgrp()
-    for name in ("SIGINT", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """A worker starts with the default action of every stop signal, unblocked: the handlers it inherits
+    from the main process raise (they belong to the main process's clean-up), and a worker that cannot die
+    by SIGTERM makes every early exit of the main process hang. A terminal's Ctrl-C or hang-up reaches the
+    workers with the main process (one process group) and ends them at once; the main process stops the
+    rest itself."""
+    stop_signals = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    for signum in stop_signals:
+        signal.signal(signum, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
 def _run_job(job):
@@ -588,6 +589,84 @@ def _run_job(job):
     with torch_threads(1):
         result = RUNNERS[runner](seed, **options)
     return index, time.perf_counter() - started, result
+
+
+def _worker(connection):
+    """A worker process: run each job the main process sends, answer (True, result) or (False, the
+    exception); stop at None, or when the main process is gone (its end of the pipe closed)."""
+    _worker_signals()
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        try:
+            answer = (True, _run_job(job))
+        except Exception as error:  # raised again in the main process, which reports it in one line
+            answer = (False, error)
+        try:
+            connection.send(answer)
+        except (EOFError, OSError):
+            return
+        except Exception as error:  # an exception that cannot be pickled: its text
+            connection.send((False, RuntimeError(f"{type(error).__name__}: {error}")))
+
+
+def _worker_ended(process):
+    """The exception for a worker that ended before answering: a stop signal is the run's own stop (a
+    terminal's Ctrl-C reaches the workers too); anything else (SIGKILL from the out-of-memory killer) is an
+    error naming how it ended."""
+    process.join()
+    signum = -process.exitcode if process.exitcode is not None and process.exitcode < 0 else None
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+        raise Terminated(signum)
+    how = f"by {signal.Signals(signum).name}" if signum else f"with status {process.exitcode}"
+    hint = " (the out-of-memory killer sends SIGKILL: try fewer --jobs)" if signum == getattr(signal, "SIGKILL", 0) else ""
+    raise ChildProcessError(f"worker process {process.pid} ended {how} before its run finished{hint}")
+
+
+def _results_from_workers(all_jobs, jobs_count):
+    """Yield (index, seconds, result) of every job as `jobs_count` worker processes finish them. No pool
+    threads: the main process hands each idle worker the next job and waits for any answer. However it
+    ends (the last job, a stop signal, a failed write, a worker that died) it kills every worker and
+    waits for it, so no worker outlives the run."""
+    # fork where it exists: the workers inherit the imported modules instead of importing torch again
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    workers = {}  # the main process's end of each worker's pipe -> the worker process
+    pending = list(reversed(all_jobs))
+    try:
+        for _ in range(min(jobs_count, len(all_jobs))):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_worker, args=(theirs,), daemon=True)
+            process.start()
+            theirs.close()  # the worker's end lives in the worker only, so its death reads as end-of-file
+            workers[ours] = process
+        for connection in workers:
+            connection.send(pending.pop())
+        busy = set(workers)
+        while busy:
+            for connection in multiprocessing.connection.wait(list(busy)):
+                try:
+                    finished, value = connection.recv()
+                except (EOFError, OSError):
+                    _worker_ended(workers[connection])
+                if not finished:
+                    raise value
+                if pending:
+                    connection.send(pending.pop())
+                else:
+                    busy.discard(connection)
+                yield value
+    finally:
+        with HeldSignals():  # a second Ctrl-C must not cut this short and leave a worker running
+            for connection, process in workers.items():
+                process.kill()  # SIGKILL: a worker holds nothing to clean up, and a stopped one dies too
+                process.join()
+                connection.close()
 
 
 def jobs_of(experiment, seeds):
@@ -700,16 +779,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     pending = {name: len(jobs_of(table[name], seeds)) for name in names}
     results = {}
     started = time.perf_counter()
-    pool = None
-    if jobs_count == 1:
-        iterator = map(_run_job, all_jobs)
-    else:  # fork where it exists: the workers inherit the imported modules instead of importing torch again
-        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-        # the pool's own threads start with the stop signals blocked, so they always reach the main thread
-        # (whose handlers raise there, and whose file writes hold them back for their renames)
-        with HeldSignals():
-            pool = context.Pool(min(jobs_count, len(all_jobs)), initializer=_worker_signals)
-        iterator = pool.imap_unordered(_run_job, all_jobs)
+    iterator = map(_run_job, all_jobs) if jobs_count == 1 else _results_from_workers(all_jobs, jobs_count)
     try:
         for done, (index, seconds, result) in enumerate(iterator, start=1):
             results[index] = result
@@ -723,10 +793,9 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
             if pending[name] == 0:
                 indices = [i for i in range(len(all_jobs)) if owner[i] == name]
                 finished(name, table[name], [all_jobs[i] for i in indices], [results[i] for i in indices])
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+    finally:  # an early exit stops the workers now, not when the generator is collected
+        if hasattr(iterator, "close"):
+            iterator.close()
 
 
 def build_parser():

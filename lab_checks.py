@@ -16,6 +16,7 @@ complex, unsigned and float8 tensors are refused with a ValueError naming the ar
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -38,8 +39,14 @@ def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
     dtypes or a float dtype, every value 0 or 1).
     Raises ValueError naming `name` when the value is not a tensor, not an ordinary CPU tensor (meta,
     sparse, nested), of the wrong dtype or number of dimensions, empty (unless allow_empty) or holds a
-    non-finite value.
+    non-finite value. Everything but the values is checked first (see check_matching).
     """
+    check_tensor_form(name, value, kind=kind, ndim=ndim, allow_empty=allow_empty)
+    return check_tensor_values(name, value, kind=kind)
+
+
+def check_tensor_form(name, value, *, kind="float", ndim=None, allow_empty=False):
+    """check_tensor without reading the values: type, layout, device, dtype, dimensions, emptiness."""
     if kind not in _KINDS:  # a programming error in the lab itself, not bad user input
         raise AssertionError(f"unknown tensor kind {kind!r}")
     if not isinstance(value, torch.Tensor):
@@ -61,13 +68,25 @@ def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
         raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(value.shape)}")
     if not allow_empty and value.numel() == 0:
         raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(value.shape)}")
-    if kind == "float" and not bool(torch.isfinite(value.detach()).all()):
+    return value
+
+
+def check_tensor_values(name, value, *, kind="float"):
+    """The value part of check_tensor: finite ("float") or 0/1 ("mask"), read once per stored element."""
+    if kind == "float" and not bool(torch.isfinite(stored(value)).all()):
         raise ValueError(f"{name}: expected finite values, found NaN or inf")
     if kind == "mask" and value.dtype != torch.bool:
-        detached = value.detach()
-        if not bool(((detached == 0) | (detached == 1)).all()):
+        values = stored(value)
+        if not bool(((values == 0) | (values == 1)).all()):
             raise ValueError(f"{name}: expected only 0/1 (or True/False) values")
     return value
+
+
+def stored(tensor):
+    """The detached tensor without its broadcast dimensions (stride 0, as `expand` makes): every value it
+    holds, read once. A (1,) tensor expanded to 2**33 elements is one value, not 64 GB to scan."""
+    index = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in tensor.stride())
+    return tensor.detach()[index]
 
 
 def check_same_shape(names_and_tensors):
@@ -89,11 +108,14 @@ def check_same_dtype(names_and_tensors):
 
 
 def check_matching(pairs, *, kind="float", ndim=None):
-    """check_tensor on every (name, tensor) of `pairs`, then the same shape and dtype as the first."""
+    """check_tensor on every (name, tensor) of `pairs`, with the same shape and dtype as the first. The
+    values are read last: a tensor of the wrong shape is refused before any of them is scanned."""
     for name, value in pairs:
-        check_tensor(name, value, kind=kind, ndim=ndim)
+        check_tensor_form(name, value, kind=kind, ndim=ndim)
     check_same_shape(pairs)
     check_same_dtype(pairs)
+    for name, value in pairs:
+        check_tensor_values(name, value, kind=kind)
 
 
 def check_real(name, value, *, low=None, high=None, low_open=False, high_open=False):
@@ -130,6 +152,29 @@ def check_choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
+
+
+def finite_result(name):
+    """Decorator of an atom: when it checks its arguments (check=True, the default), it also checks its
+    result, once: a NaN or inf from finite arguments (values or scalars too large for the dtype) is a
+    ValueError naming `name`, the argument the result is blamed on, and the dtype, never a silent NaN.
+    With check=False (a training loop's own tensors) the result is returned unread."""
+
+    def decorate(atom):
+        @functools.wraps(atom)
+        def checked_atom(*args, **kwargs):
+            result = atom(*args, **kwargs)
+            if kwargs.get("check", True):
+                for tensor in result if isinstance(result, tuple) else (result,):
+                    if tensor.is_floating_point() and not bool(torch.isfinite(stored(tensor)).all()):
+                        dtype = str(tensor.dtype).replace("torch.", "")
+                        raise ValueError(f"{name}: the result overflows {dtype} (NaN or inf from finite arguments: "
+                                         f"values, or a scalar applied to them, too large for {dtype})")
+            return result
+
+        return checked_atom
+
+    return decorate
 
 
 def exp_limit(dtype):

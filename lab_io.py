@@ -5,21 +5,25 @@ plotter uses it too.
   is one line on stderr naming the flag and the allowed range, exit status 2.
 - `output_folder_problem`, `output_file_problem` (and their `..._or_exit` forms): what cannot be
   written, or must not be replaced, is refused before any work: a path that is not a folder, a
-  folder where a file goes, a link, device or pipe where a file goes, a name too long, a folder
-  without write permission, another user's file in a sticky folder. Nothing is created by a check.
-- `write_files`: a run's files are written all or nothing. Each is staged as a temporary file
-  beside its target, then all are renamed into place with Ctrl-C and SIGTERM held back for those
-  few microseconds; a failure removes the temporaries, the files already renamed and the folders
-  this call created. The temporaries are named `.rl-lab-tmp-<pid>-<hex>`; one left by a killed
-  process (SIGKILL cannot be caught) is removed by the next write into that folder.
+  folder where a file goes, a link, device or pipe where a file goes, a name or a path too long, a
+  folder without write permission, another user's file in a sticky folder. Nothing is left by a check.
+- `write_files`: a run's files are written all or nothing. They are staged in one fresh folder,
+  `.rl-lab-tmp-<pid>-<hex>`, inside the nearest existing folder of the output, then published by
+  renames: a new folder with one rename, each file of an existing folder by one rename whose previous
+  version stays in the stage until every rename is done. Any failure puts every previous file back and
+  removes the stage; a run killed in between (SIGKILL) is undone by the next write there. Runs into one
+  output wait for each other (a lock on the folder); a file the run does not write is never touched.
+- `HeldSignals`: Ctrl-C, SIGTERM and SIGHUP wait until a block ends (the writes use it).
 - `run_cli`: runs a program's main() as a process: every failure ends with one line on stderr and
-  a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM).
+  a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM, out
+  of memory).
 - `csv_text`, `json_text`: the deterministic text of the lab's CSV and JSON files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -29,12 +33,21 @@ import re
 import signal
 import stat
 import sys
+import threading
 import uuid
+
+try:
+    import fcntl  # the lock that serializes runs into one output; absent on Windows
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
 
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
 _TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-[0-9a-f]{12}\Z")
+_JOURNAL = "publishing.json"  # in a stage: the entries being published; removed once all of them are
+# the longest a stage adds to a target's path: "/.rl-lab-tmp-<pid up to 10 digits>-<12 hex>/new"
+STAGE_OVERHEAD = len("/" + TEMPORARY_PREFIX) + 10 + 1 + 12 + len("/new")
 _INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
 _FLOAT_SYNTAX = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
 # the signals a user or a process manager sends to stop a program; SIGHUP is absent on Windows
@@ -70,6 +83,20 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {one_line(message)} (see --help)\n")
+
+    def _print_message(self, message, file=None):
+        """argparse's, except that --help into a full standard output is an error (argparse ignores it
+        and would exit 0 having printed nothing)."""
+        if not message or file is None or file is not sys.stdout:
+            return super()._print_message(message, file)
+        try:
+            file.write(message)
+            file.flush()
+        except BrokenPipeError:  # a reader that went away (`--help | head`): quiet, as run_cli has it
+            raise
+        except OSError as error:
+            raise WriteFailed(f"cannot write to standard output: {error.strerror or error}") from None
+        return None
 
 
 def one_line(text):
@@ -113,22 +140,85 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 
 
 # ---------------------------------------------------------------------------------------------
-# Checking an output before any work (nothing is created here)
+# Stop signals: raised in the main thread, or held back until a block ends
+# ---------------------------------------------------------------------------------------------
+# Python runs a signal's handler in the main thread, whichever thread the kernel delivered it to (torch
+# starts threads of its own), so the handler itself decides: raise now, or, inside a HeldSignals
+# block of the main thread, remember the signal and raise it when the block ends.
+
+_held = threading.local()  # .depth: HeldSignals blocks open in this thread; .pending: the signal waiting
+_program_pid = os.getpid()  # the process whose run_cli installed the handlers (set again by run_cli)
+
+
+def _stop(signum):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _on_stop_signal(signum, frame):
+    """run_cli's handler of Ctrl-C, SIGTERM and SIGHUP. In a process forked from the program's (a worker
+    before it sets its own handlers) it does what the default action does: end that process."""
+    if os.getpid() != _program_pid:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if getattr(_held, "depth", 0):
+        _held.pending = signum
+        return
+    _stop(signum)
+
+
+class HeldSignals:
+    """Hold Ctrl-C, SIGTERM and SIGHUP back for a block of the main thread: one that arrives meanwhile is
+    raised as the block ends (also when the block ends by an exception). Effective under run_cli, whose
+    handlers consult it; elsewhere Ctrl-C raises at once and the writer's clean-up handles it."""
+
+    def __enter__(self):
+        _held.depth = getattr(_held, "depth", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _held.depth -= 1
+        pending = getattr(_held, "pending", None)
+        if _held.depth == 0 and pending is not None:
+            _held.pending = None
+            _stop(pending)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking an output before any work (nothing is left here)
 # ---------------------------------------------------------------------------------------------
 
 
 def _nearest_existing(path):
-    existing = os.path.abspath(path)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    return existing
+    """The nearest existing folder of an absolute, resolved path (the path itself when it exists)."""
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return path
 
 
-def _name_max(folder):
+def _target_path(path):
+    """The absolute path the kernel writes for the file `path`: its folder resolved with os.path.realpath
+    (links and '..' as the kernel follows them: with L a link, L/.. is the parent of L's target, where
+    os.path.abspath would say the current folder), its own name kept, so that a link there is seen and
+    refused rather than followed."""
+    folder, name = os.path.split(path)
+    return os.path.join(os.path.realpath(folder or os.curdir), name)
+
+
+def _limit(folder, name, default):
     try:
-        return os.pathconf(folder, "PC_NAME_MAX")
+        return os.pathconf(folder, name)
     except (OSError, ValueError, AttributeError):  # AttributeError: no pathconf on Windows
-        return 255
+        return default
+
+
+def _longest_path(folder):
+    """The longest path a write under the existing `folder` can take: PATH_MAX less its final NUL and
+    what the staging folder adds."""
+    return _limit(folder, "PC_PATH_MAX", 4096) - 1 - STAGE_OVERHEAD
 
 
 def _sticky_refuses(folder, file_stat):
@@ -160,22 +250,23 @@ def _target_problem(folder, name):
 
 def _probe_writable(folder):
     probe = os.path.join(folder, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
-        with open(probe, "x", encoding="utf-8"):
-            pass
-    except OSError as error:
-        return f"cannot write into {folder!r}: {error.strerror or error}"
-    finally:  # also when Ctrl-C arrives right after the file was created
-        if os.path.lexists(probe):
-            os.unlink(probe)
+    with HeldSignals():  # a stop signal between creating the probe and removing it waits for the removal
+        try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
+            with open(probe, "x", encoding="utf-8"):
+                pass
+        except OSError as error:
+            return f"cannot write into {folder!r}: {error.strerror or error}"
+        finally:
+            if os.path.lexists(probe):
+                os.unlink(probe)
     return None
 
 
 def output_folder_problem(path, filenames=()):
     """A one-line reason why the run cannot write `filenames` into the folder `path`, or None.
 
-    Creates nothing: a missing folder is judged by its nearest existing parent, and is created only
-    when the files are written (`write_files`).
+    Creates nothing that stays: a missing folder is judged by its nearest existing parent, and is
+    created only when the files are written (`write_files`).
     """
     if not isinstance(path, str) or not path.strip():
         return f"expected a folder name, got {path!r}"
@@ -183,17 +274,23 @@ def output_folder_problem(path, filenames=()):
         return "expected a folder name without a NUL character"
     if os.path.lexists(path) and not os.path.isdir(path):
         return f"{path!r} exists and is not a folder"
-    existing = _nearest_existing(path)
+    folder = os.path.realpath(path)
+    existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         return f"{existing!r} is not a folder"
-    name_max = _name_max(existing)
-    missing = os.path.relpath(os.path.abspath(path), existing)
+    name_max = _limit(existing, "PC_NAME_MAX", 255)
+    missing = os.path.relpath(folder, existing)
     for part in ([] if missing == os.curdir else missing.split(os.sep)) + list(filenames):
         if len(os.fsencode(part)) > name_max:
             return f"name {part[:40]!r}... is longer than the {name_max} bytes this filesystem allows"
-    if os.path.isdir(path):
+    longest = _longest_path(existing)
+    for name in list(filenames) or [""]:
+        if len(os.fsencode(os.path.join(folder, name))) > longest:
+            return (f"path {path[:40]!r}... is {len(os.fsencode(os.path.join(folder, name)))} bytes long once "
+                    f"resolved; at most {longest} bytes can be written here")
+    if os.path.isdir(folder):
         for name in filenames:
-            problem = _target_problem(path, name)
+            problem = _target_problem(folder, name)
             if problem:
                 return problem
     return _probe_writable(existing)
@@ -225,6 +322,16 @@ def output_file_or_exit(parser, path, flag="--output"):
 # ---------------------------------------------------------------------------------------------
 # Writing a run's files, all or nothing
 # ---------------------------------------------------------------------------------------------
+# A write, under the lock of every folder it publishes into:
+#   1. undo what a killed run left in the anchor (the nearest existing folder of the outputs);
+#   2. stage every file in one fresh folder there, .rl-lab-tmp-<pid>-<hex>/new/<path from the anchor>;
+#   3. write the stage's journal: the entries to publish, each the topmost missing part of a target's
+#      path (a new folder goes whole, with everything under it) or a file of an existing folder;
+#   4. publish each entry by one rename; a file it replaces is first kept as stage/old/<path> (a hard
+#      link: the file never disappears);
+#   5. remove the journal (from then on the new files stay), then the stage.
+# A failure at any step undoes the published entries, last first, from the journal; so does the next
+# write into that anchor when a SIGKILL came in between. Stop signals wait for the whole write.
 
 
 def _process_alive(pid):
@@ -239,61 +346,169 @@ def _process_alive(pid):
     return True
 
 
-def remove_stale_temporaries(folder):
-    """Remove `.rl-lab-tmp-<pid>-...` files in `folder` whose process no longer runs (a SIGKILL's
-    leftovers); a running program's temporaries are left alone. Returns the names removed."""
-    removed = []
+def _remove_tree(path):
+    """Remove the folder `path` and everything in it without following links, by a loop rather than
+    recursion (a staged path may be nested deeper than Python's recursion limit)."""
+    stack = [path]
+    while stack:
+        folder = stack[-1]
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            stack.pop()
+            continue
+        subfolders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+        if subfolders:
+            stack.extend(subfolders)
+        else:
+            os.rmdir(folder)
+            stack.pop()
+
+
+def _make_parents(path):
+    """Create the missing folders above `path` (parents first), by a loop for the same reason."""
+    missing, folder = [], os.path.dirname(path)
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+
+
+def _undo(stage, anchor):
+    """Put back what the stage's journal lists, last entry first, then remove the stage: a replaced file
+    gets its previous version back (a no-op where it was not replaced yet: the two are one file), a file
+    or folder the run created goes back into the stage. Without a journal nothing was published."""
     try:
-        names = os.listdir(folder)
+        with open(os.path.join(stage, _JOURNAL), encoding="utf-8") as handle:
+            published = json.load(handle)
+    except FileNotFoundError:  # publishing had not begun, or had finished
+        published = []
+    except ValueError:  # cut while being written: publishing had not begun
+        published = []
+    for relative in reversed(published if isinstance(published, list) else []):
+        target, old, new = (os.path.join(anchor, relative), os.path.join(stage, "old", relative),
+                            os.path.join(stage, "new", relative))
+        if os.path.lexists(old):
+            os.replace(old, target)
+        elif not os.path.lexists(new) and os.path.lexists(target):
+            os.replace(target, new)
+    _remove_tree(stage)
+
+
+def _undo_killed_runs(anchor):
+    """Undo the stages (and remove the probes) that processes no longer running left in `anchor`."""
+    try:
+        names = os.listdir(anchor)
     except OSError:
-        return removed
+        return
     for name in names:
         match = _TEMPORARY_NAME.match(name)
         if match and not _process_alive(int(match.group(1))):
+            path = os.path.join(anchor, name)
             try:
-                os.unlink(os.path.join(folder, name))
-                removed.append(name)
-            except OSError:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    _undo(path, anchor)
+                else:
+                    os.unlink(path)
+            except OSError:  # left for a later write
                 pass
-    return removed
 
 
-def _make_folders(folders):
-    """Create the missing folders; return the ones created, parents first."""
-    created = []
-    for folder in sorted(set(folders)):
-        missing = []
-        while not os.path.lexists(folder):
-            missing.append(folder)
-            folder = os.path.dirname(folder)
-        for path in reversed(missing):
-            os.mkdir(path)
-            created.append(path)
-    return created
+def _entries(anchor, targets):
+    """[(path relative to the anchor, is a folder)] to publish, in order, for the target files."""
+    entries = {}
+    for target in targets:
+        parts = os.path.relpath(target, anchor).split(os.sep)
+        for depth in range(1, len(parts) + 1):
+            path = os.path.join(anchor, *parts[:depth])
+            if depth == len(parts):
+                problem = _target_problem(os.path.dirname(path), parts[-1])
+                if problem:
+                    raise WriteFailed(problem)
+            elif not os.path.lexists(path):
+                entries.setdefault(os.path.join(*parts[:depth]), True)  # a new folder, published whole
+                break
+            elif not os.path.isdir(path):
+                raise WriteFailed(f"cannot write {target!r}: {path!r} is not a folder")
+        else:
+            entries.setdefault(os.path.join(*parts), False)
+    return list(entries.items())
 
 
-def _remove_folders(created):
-    for path in reversed(created):
+@contextlib.contextmanager
+def _locked(folders):
+    """An exclusive lock (flock) on each folder, taken in sorted order so that two runs cannot each hold
+    one the other waits for. Released when the block ends, or when the process dies. A folder that
+    cannot be opened or locked (no read permission, a filesystem without flock) stays unlocked."""
+    descriptors = []
+    try:
+        for folder in sorted(set(folders)):
+            try:
+                descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            except OSError:
+                continue
+            descriptors.append(descriptor)
+            if fcntl is not None:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for another run's write to end
+                except OSError:
+                    pass
+        yield
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+
+
+def _stage_and_publish(anchor, targets, entries):
+    stage = os.path.join(anchor, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(stage)
+    except OSError as error:
+        raise WriteFailed(f"cannot write into {anchor!r}: {error.strerror or error}") from None
+    try:
+        for target, data in targets.items():
+            staged = os.path.join(stage, "new", os.path.relpath(target, anchor))
+            try:
+                _make_parents(staged)
+                # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
+                if isinstance(data, bytes):
+                    with open(staged, "xb") as handle:
+                        handle.write(data)
+                else:
+                    with open(staged, "x", encoding="utf-8", newline="\n") as handle:
+                        handle.write(data)
+            except OSError as error:
+                raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
+        with open(os.path.join(stage, _JOURNAL), "x", encoding="utf-8") as handle:
+            handle.write(json.dumps([relative for relative, _ in entries]))
+        for relative, is_folder in entries:
+            target = os.path.join(anchor, relative)
+            try:
+                if not is_folder and os.path.lexists(target):  # the previous file: kept until all are renamed
+                    old = os.path.join(stage, "old", relative)
+                    _make_parents(old)
+                    try:
+                        os.link(target, old)
+                    except OSError:  # a filesystem without hard links: moved aside for a moment instead
+                        os.replace(target, old)
+                os.replace(os.path.join(stage, "new", relative), target)
+            except OSError as error:
+                raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
+        os.unlink(os.path.join(stage, _JOURNAL))  # every entry is in place: the run's files stay
+    except BaseException:
         try:
-            os.rmdir(path)  # only if empty: never anything a user put there
-        except OSError:
+            _undo(stage, anchor)
+        except OSError:  # the journal stays: the next write into this folder finishes the undo
             pass
-
-
-class HeldSignals:
-    """Hold Ctrl-C, SIGTERM and SIGHUP back in this thread (and in every thread it starts meanwhile, which
-    inherit the mask) for a block of microseconds; they arrive right after it."""
-
-    def __enter__(self):
-        self.held = hasattr(signal, "pthread_sigmask")
-        if self.held:
-            self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-        return self
-
-    def __exit__(self, *exc):
-        if self.held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
-        return False
+        raise
+    try:
+        _remove_tree(stage)
+    except OSError:  # only the previous versions are left; the next write there removes them
+        pass
 
 
 def write_files(files):
@@ -301,55 +516,37 @@ def write_files(files):
     create the missing folders.
 
     Raises WriteFailed naming the file (a full disk, a read-only folder, a target that turned into a
-    link or device since the check); then no file of this call is left, neither new nor temporary,
-    and the folders it created are removed again. Ctrl-C or SIGTERM during the writes does the same.
+    link or device since the check); then every file is as it was before the call, and no folder or
+    temporary of this call is left. Runs writing into the same folder wait for each other. Under
+    run_cli, Ctrl-C, SIGTERM and SIGHUP wait until the write is done or undone.
     """
-    targets = [(os.path.abspath(path), text) for path, text in files.items()]
-    created, staged, renamed = [], [], []
-    try:
-        try:
-            created = _make_folders(os.path.dirname(path) for path, _ in targets)
-        except OSError as error:
-            raise WriteFailed(f"cannot create {error.filename!r}: {error.strerror or error}") from None
-        for folder in sorted({os.path.dirname(path) for path, _ in targets}):
-            remove_stale_temporaries(folder)
-        for path, text in targets:
-            problem = _target_problem(os.path.dirname(path), os.path.basename(path))
-            if problem:
-                raise WriteFailed(problem)
-            temporary = os.path.join(os.path.dirname(path), f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
-            staged.append((temporary, path))
-            try:
-                # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
-                if isinstance(text, bytes):
-                    with open(temporary, "xb") as handle:
-                        handle.write(text)
-                else:
-                    with open(temporary, "x", encoding="utf-8", newline="\n") as handle:
-                        handle.write(text)
-            except OSError as error:
-                raise WriteFailed(f"cannot write {path!r}: {error.strerror or error}") from None
-        with HeldSignals():
-            for temporary, path in staged:
-                try:
-                    os.replace(temporary, path)
-                except OSError as error:
-                    raise WriteFailed(f"cannot replace {path!r}: {error.strerror or error}") from None
-                renamed.append(path)
-    except BaseException:
-        # the files this call renamed into place, and the temporaries it has not renamed yet
-        leftovers = renamed + [temporary for temporary, path in staged if path not in renamed]
-        for leftover in leftovers:
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
-        _remove_folders(created)
-        raise
+    if not files:
+        return
+    targets = {}
+    for path, data in files.items():
+        if os.path.basename(path) in ("", os.curdir, os.pardir):
+            raise WriteFailed(f"cannot write {path!r}: not a file name")
+        targets[_target_path(path)] = data
+    for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
+        longest = _longest_path(_nearest_existing(os.path.dirname(target)))
+        if len(os.fsencode(target)) > longest:
+            raise WriteFailed(f"cannot write {target[:40]!r}...: the path is {len(os.fsencode(target))} bytes long; "
+                              f"at most {longest} bytes can be written here")
+    base = os.path.commonpath([os.path.dirname(target) for target in targets])
+    while True:
+        anchor = _nearest_existing(base)
+        entries = _entries(anchor, targets)
+        with _locked([anchor] + [os.path.dirname(os.path.join(anchor, relative)) for relative, _ in entries]):
+            with HeldSignals():
+                _undo_killed_runs(anchor)
+                if _nearest_existing(base) == anchor and _entries(anchor, targets) == entries:
+                    _stage_and_publish(anchor, targets, entries)
+                    return
+        # another run created a folder of the path meanwhile (or a killed run's was undone): plan again
 
 
 def write_text_atomic(path, text):
-    """Write one file through a temporary beside it (see `write_files`)."""
+    """Write one file through the stage beside it (see `write_files`)."""
     write_files({path: text})
 
 
@@ -377,10 +574,6 @@ def _program():
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "rl-lab"
 
 
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
 def _say(text):
     try:
         sys.stderr.write(one_line(text) + "\n")
@@ -405,22 +598,30 @@ def _settle_stdout():
         return error
 
 
+def _out_of_memory(error):
+    """MemoryError, or torch's allocator failing (a RuntimeError, not a MemoryError)."""
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
 def run_cli(main_function):
     """Run `main_function()` as a program and return its exit status; never lets a traceback out.
 
     - a closed stdout pipe (`... | head`): quiet, status 1 (every file is written before anything is
       printed, so nothing is lost);
-    - Ctrl-C: one line, status 130; SIGTERM 143, SIGHUP 129 (the same clean-up as Ctrl-C);
-    - a file that cannot be written (full disk, permissions) or a full stdout: one line, status 1;
+    - Ctrl-C: one line, status 130; SIGTERM 143, SIGHUP 129 (the same clean-up as Ctrl-C); one that
+      arrives while files are written waits until they are (see HeldSignals);
+    - a file that cannot be written (full disk, permissions), a full stdout (--help too), out of
+      memory: one line, status 1;
     - anything unexpected: one line naming the exception, status 1 (set RL_LAB_TRACEBACK=1 to see
       the traceback).
     stdout and stderr replace what they cannot encode (an odd file name) instead of failing.
     """
+    global _program_pid
+    _program_pid = os.getpid()
     previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     for signum in _STOP_SIGNALS:
-        if signum != signal.SIGINT:
-            signal.signal(signum, _raise_terminated)
+        signal.signal(signum, _on_stop_signal)
     try:
         return _run(main_function)
     finally:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
@@ -437,7 +638,10 @@ def _run(main_function):
             pass
     program = _program()
     try:
-        status = main_function()
+        try:
+            status = main_function()
+        except SystemExit as exit_:  # argparse's exits: --help (0) and a bad flag (2)
+            status = exit_.code
         error = _settle_stdout()
         if error is None:
             return status
@@ -455,10 +659,6 @@ def _run(main_function):
         _say(f"{program}: interrupted ({name}): every output is whole; a run's files are written together, "
              "so a folder holds all of this run's files or none of them")
         return 128 + signum
-    except MemoryError:
-        _settle_stdout()
-        _say(f"{program}: error: out of memory (choose smaller sizes)")
-        return 1
     except OSError as error:
         _settle_stdout()
         reason = str(error) if isinstance(error, WriteFailed) else (
@@ -467,6 +667,9 @@ def _run(main_function):
         return 1
     except Exception as error:  # a defect of the lab itself: still one line, with a way to see more
         _settle_stdout()
+        if _out_of_memory(error):
+            _say(f"{program}: error: out of memory (choose smaller sizes)")
+            return 1
         if os.environ.get(TRACEBACK_VARIABLE):
             raise
         _say(f"{program}: error: unexpected {type(error).__name__}: {error} "

@@ -824,14 +824,35 @@ def _experiment_panel_bars(axis, summary, metrics, colors, log_scale):
                    "|mean| over seeds, log scale")
 
 
+def _names(value):
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _check_experiment_settings(settings, where):
+    """Refuse, naming the key, a settings.json whose figure keys are not what experiments.py writes: each
+    name a string, each list a list (a list where a name belongs would reach matplotlib as a key)."""
+    spec = settings.get("figure") or {}
+    if not isinstance(spec, dict):
+        raise PlotInputError(f"{where}/settings.json: 'figure' must be an object")
+    expected = [(settings, "metrics", _names, "a list of names"), (settings, "curves", _names, "a list of names"),
+                (settings, "seeds", lambda value: isinstance(value, list), "a list"),
+                (spec, "bars", lambda value: isinstance(value, list) and all(map(_names, value)), "a list of lists of names"),
+                (spec, "curve_panels", lambda value: isinstance(value, list) and all(map(_names, value)),
+                 "a list of lists of names"),
+                (spec, "log", lambda value: isinstance(value, list) and all(isinstance(item, bool) for item in value),
+                 "a list of true/false")]
+    for holder, key, valid, kind in expected:
+        if key in holder and holder[key] is not None and not valid(holder[key]):
+            raise PlotInputError(f"{where}/settings.json: {key!r} must be {kind}")
+
+
 def _check_experiment(settings, summary, curves, where):
     """Refuse, naming the file, what experiments.py would not have written."""
     if not summary:
         raise PlotInputError(f"{where}/summary.csv: no data rows")
+    _check_experiment_settings(settings, where)
     spec = settings.get("figure") or {}
-    if not isinstance(spec, dict) or not isinstance(settings.get("metrics", []), list):
-        raise PlotInputError(f"{where}/settings.json: 'figure' must be an object and 'metrics' a list")
-    bars = spec.get("bars") or [settings.get("metrics", [])[:3]]
+    bars = spec.get("bars") or [(settings.get("metrics") or [])[:3]]
     needed = [f"{metric}_{stat}" for panel in bars for metric in panel for stat in ("mean", "min", "max")]
     for line, row in enumerate(summary, start=2):
         if not isinstance(row.get("configuration"), str):
@@ -840,9 +861,17 @@ def _check_experiment(settings, summary, curves, where):
             value = row.get(name)
             if not isinstance(value, float) or not math.isfinite(value):
                 raise PlotInputError(f"{where}/summary.csv: line {line}: {name} is missing or not a finite number")
+    # every column a panel draws, and the step, is a finite number on every row (README section 13)
+    panels = spec.get("curve_panels") or [[column] for column in settings.get("curves") or []]
+    drawn = ["step"] + [column for panel in panels for column in panel if curves and column in curves[0]]
     for line, row in enumerate(curves, start=2):
-        if not isinstance(row.get("step"), float) or not isinstance(row.get("configuration"), str):
-            raise PlotInputError(f"{where}/curves.csv: line {line}: step or configuration is missing or not a number")
+        if not isinstance(row.get("configuration"), str):
+            raise PlotInputError(f"{where}/curves.csv: line {line}: configuration is missing")
+        for column in drawn:
+            value = row.get(column)
+            if not isinstance(value, float) or not math.isfinite(value):
+                raise PlotInputError(f"{where}/curves.csv: line {line}: {column} is missing or not a finite number "
+                                     f"({value!r})")
 
 
 def experiment_figure(settings, summary, curves, where="experiment"):
@@ -850,9 +879,9 @@ def experiment_figure(settings, summary, curves, where="experiment"):
     min-max), then the summary's bar panels (settings["figure"]["bars"], log scale where asked)."""
     _check_experiment(settings, summary, curves, where)
     spec = settings.get("figure") or {}
-    bar_panels = spec.get("bars") or [settings.get("metrics", [])[:3]]
+    bar_panels = spec.get("bars") or [(settings.get("metrics") or [])[:3]]
     log_panels = spec.get("log") or [False] * len(bar_panels)
-    curve_panels = spec.get("curve_panels") or [[column] for column in settings.get("curves", [])]
+    curve_panels = spec.get("curve_panels") or [[column] for column in settings.get("curves") or []]
     curve_columns = [[column for column in panel if curves and column in curves[0]] for panel in curve_panels]
     curve_columns = [panel for panel in curve_columns if panel]
     configurations = list(dict.fromkeys(row["configuration"] for row in summary))
@@ -869,7 +898,7 @@ def experiment_figure(settings, summary, curves, where="experiment"):
         axis.set_visible(False)
     _legend_below(figure, axes[len(curve_columns)] if bar_panels else axes[0])
     title = f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}"
-    figure.suptitle(textwrap.fill(title, 140) + f"\n{len(settings.get('seeds', []))} seeds; source: "
+    figure.suptitle(textwrap.fill(title, 140) + f"\n{len(settings.get('seeds') or [])} seeds; source: "
                     + textwrap.shorten(str(settings.get("source", "")), 120))
     return figure
 

@@ -37,6 +37,8 @@ from lab_checks import (  # noqa: E402
     check_matching,
     check_same_shape,
     check_tensor,
+    finite_result,
+    stored,
     torch_threads,
 )
 from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
@@ -59,10 +61,14 @@ SEED_LIMIT = 2**63
 # ---------------------------------------------------------------------------------------------
 # Atoms
 # ---------------------------------------------------------------------------------------------
-# Every atom checks its arguments and raises ValueError naming the one that is wrong. The keyword
-# `check=False` skips those checks: a training loop passes it for tensors it built itself (finite,
-# of the right shapes by construction), and an atom passes it to the atoms it calls after checking
-# its own arguments, so nothing is scanned twice per step. The maths is the same either way.
+# Every atom checks its arguments and raises ValueError naming the one that is wrong, then checks its
+# result once (@finite_result): finite arguments too large for the dtype (or an extreme scalar) give
+# a ValueError naming an argument and the dtype, never a silent NaN or inf. The keyword `check=False`
+# skips both: a training loop passes it for tensors it built itself (finite, of the right shapes by
+# construction), and an atom passes it to the atoms it calls after checking its own arguments, so
+# nothing is scanned twice per step. The maths is the same either way. Inputs that get no gradient go
+# through `_constant`: detached, and copied when made under torch.inference_mode() (a generation
+# loop's ids, masks and rewards), which autograd cannot save for the backward pass.
 #
 # The families, in this order: the clipped policy loss and its diagnostic; preference losses (DPO
 # and its family); advantages (group, leave-one-out, GAE); KL (exact, k1, k2, k3); token sequences
@@ -83,17 +89,12 @@ def _clip_range(epsilon, epsilon_high, dual_clip):
     return epsilon, epsilon_high, dual_clip
 
 
-def _refuse_overflow(name, logratio, advantages):
-    """Raise ValueError naming `name` where A < 0 and the log-ratio exceeds exp_limit: there the loss
-    is -A * exp(log-ratio) itself, which the dtype cannot hold (a clamp would give a wrong value)."""
-    limit = exp_limit(logratio.dtype)
-    if bool((logratio.detach() > limit).any()) and bool(((logratio.detach() > limit) & (advantages < 0)).any()):
-        raise ValueError(
-            f"{name}: the log-ratio to the old policy exceeds {limit:.1f} nats where advantages < 0, so the loss "
-            f"-A * exp(log-ratio) overflows {logratio.dtype} (dual_clip bounds it)"
-        )
+def _constant(tensor):
+    """`tensor` detached, as every input that gets no gradient; an inference tensor is copied first."""
+    return tensor.clone() if tensor.is_inference() else tensor.detach()
 
 
+@finite_result("logp")
 def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
     """PPO-Clip surrogate, elementwise, as a loss to MINIMIZE (PPO, arXiv 1707.06347, eq. 7).
 
@@ -119,26 +120,27 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2, epsilon_high=No
         (...) per-element loss, no reduction.
     Raises:
         ValueError naming the argument for a non-tensor, empty, non-finite, mismatched shape/dtype
-        or a scalar out of range; and for a loss that overflows the dtype: without dual_clip, an
-        element with A < 0 whose log-ratio exceeds `exp_limit` (about 708.8 nats in float64, 87.7 in
-        float32, 10.1 in float16), where -A * ratio is the loss and is not representable.
+        or a scalar out of range; and, naming logp, for a loss the dtype cannot hold: without
+        dual_clip, an element with A < 0 whose -A * ratio overflows (a log-ratio beyond about 709
+        nats in float64, 88.7 in float32, 11 in float16, or less with a large |A|).
 
-    Extreme but finite log-ratios are safe where the clip decides the value: the log-ratio is clamped
-    at `exp_limit` before exp(), so A > 0 with a huge ratio gives the clipped -(1 + eps_high) * A and
-    a zero gradient, and A = 0 gives 0 (never inf * 0 = NaN). Below the limit nothing changes.
+    Extreme but finite log-ratios are safe where the clip decides the value: there the log-ratio is
+    clamped at `exp_limit` before exp(), so A > 0 with a huge ratio gives the clipped
+    -(1 + eps_high) * A and a zero gradient, and A = 0 gives 0 (never inf * 0 = NaN). Where A < 0 and
+    no dual clip bounds the loss, the loss is -A * ratio itself: it is never clamped (a clamped value
+    would be finite and wrong). Below the limit nothing changes.
     """
     if check:
         check_matching([("logp", logp), ("old_logp", old_logp), ("advantages", advantages)])
         epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    old_logp = old_logp.detach()
-    advantages = advantages.detach()
+    old_logp = _constant(old_logp)
+    advantages = _constant(advantages)
     logratio = logp - old_logp
     limit = exp_limit(logratio.dtype)
-    if check and dual_clip is None:
-        _refuse_overflow("logp", logratio, advantages)
-    # clamped before exp(): beyond the limit only elements whose value a clip decides remain
-    ratio = logratio.clamp(max=limit).exp()
+    # clamped before exp() only where a clip decides the value: A >= 0, or A < 0 under a dual clip
+    clamped = logratio.clamp(max=limit)
+    ratio = (clamped if dual_clip is not None else torch.where(advantages < 0, logratio, clamped)).exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
     # max of the negatives == -min of the objectives: the pessimistic bound of eq. 7
@@ -148,6 +150,7 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2, epsilon_high=No
     return loss
 
 
+@finite_result("ratio")
 def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
     """Share of elements whose policy-gradient term PPO-Clip zeroes: the lab's `clip_fraction`.
 
@@ -171,7 +174,7 @@ def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=N
         check_matching([("ratio", ratio), ("advantages", advantages)])
         epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    ratio, advantages = ratio.detach(), advantages.detach()
+    ratio, advantages = _constant(ratio), _constant(advantages)
     clipped = ((advantages > 0) & (ratio > 1.0 + epsilon_high)) | ((advantages < 0) & (ratio < 1.0 - epsilon))
     if dual_clip is not None:
         clipped = clipped | ((advantages < 0) & (ratio > dual_clip))
@@ -187,11 +190,8 @@ def _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check):
         check_matching([("chosen", chosen), ("rejected", rejected), ("ref_chosen", ref_chosen),
                         ("ref_rejected", ref_rejected)])
         beta = check_real("beta", beta, low=0.0, low_open=True)
-    ref_margin = ref_chosen.detach() - ref_rejected.detach()
-    logits = beta * ((chosen - rejected) - ref_margin)
-    if check and not bool(torch.isfinite(logits.detach()).all()):
-        raise ValueError(f"beta: beta * margin overflows {logits.dtype} (|beta * margin| beyond its largest value)")
-    return logits
+    ref_margin = _constant(ref_chosen) - _constant(ref_rejected)
+    return beta * ((chosen - rejected) - ref_margin)
 
 
 def _label_smoothing(label_smoothing, check):
@@ -200,6 +200,7 @@ def _label_smoothing(label_smoothing, check):
     return label_smoothing
 
 
+@finite_result("chosen")
 def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
     """Direct Preference Optimization loss, elementwise (DPO, arXiv 2305.18290, eq. 7).
 
@@ -222,6 +223,7 @@ def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True
     return -F.logsigmoid(_preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check))
 
 
+@finite_result("chosen")
 def ipo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
     """Identity Preference Optimization loss, elementwise (IPO, Azar et al., arXiv 2310.12036, eq. 17).
 
@@ -239,6 +241,7 @@ def ipo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True
     return (margin - 1.0 / (2.0 * beta)).square()
 
 
+@finite_result("chosen")
 def dpo_hinge_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
     """Hinge preference loss, elementwise (the calibration loss of SLiC-HF, Zhao et al., arXiv 2305.10425).
 
@@ -250,6 +253,7 @@ def dpo_hinge_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, chec
     return torch.relu(1.0 - _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check))
 
 
+@finite_result("chosen")
 def cdpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.0, *, check=True):
     """Conservative DPO: DPO with label smoothing for noisy labels (Mitchell, 2023, "A note on DPO with
     noisy preferences & relationship to IPO").
@@ -268,6 +272,7 @@ def cdpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smooth
     return (1.0 - e) * -F.logsigmoid(logits) + e * -F.logsigmoid(-logits)
 
 
+@finite_result("chosen")
 def robust_dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.0, *, check=True):
     """Robust DPO, elementwise (rDPO, Chowdhury et al., arXiv 2403.00409).
 
@@ -284,6 +289,7 @@ def robust_dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, label_
     return ((1.0 - e) * -F.logsigmoid(logits) - e * -F.logsigmoid(-logits)) / (1.0 - 2.0 * e)
 
 
+@finite_result("chosen_avg")
 def simpo_loss(chosen_avg, rejected_avg, beta=2.0, gamma=0.5, *, check=True):
     """SimPO loss, elementwise (Meng et al., arXiv 2405.14734, eq. 6): no reference model.
 
@@ -314,6 +320,7 @@ def simpo_loss(chosen_avg, rejected_avg, beta=2.0, gamma=0.5, *, check=True):
 GROUP_SCALES = ("group", "batch", "none")
 
 
+@finite_result("rewards")
 def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
     """Group-relative advantages of outcome-supervised GRPO (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2).
 
@@ -337,7 +344,7 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
     Raises:
         ValueError naming the argument for a non-2-D or non-finite tensor, G < 2, epsilon <= 0, an
         unknown scale, or rewards so large that their std overflows the dtype (in float64 beyond
-        about 1e153 in magnitude).
+        about 1e153 in magnitude: the advantages would be silently 0) or that R - mean does.
     TRL: GRPOConfig(scale_rewards="group"|"batch"|"none") (TRL's std is the unbiased one, its eps
     1e-4, and its "batch" std is over the raw rewards); verl: algorithm.norm_adv_by_std_in_grpo.
     """
@@ -347,7 +354,7 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
             raise ValueError(f"rewards: expected at least 2 samples per group (shape (B, G>=2)), got {tuple(rewards.shape)}")
         epsilon = check_real("epsilon", epsilon, low=0.0, low_open=True)
         check_choice("scale", scale, GROUP_SCALES)
-    rewards = rewards.detach()
+    rewards = _constant(rewards)
     mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
     constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
     centered = torch.where(constant_group, torch.zeros_like(rewards), rewards - mean)
@@ -357,14 +364,15 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
         population_std = rewards.std(dim=1, correction=0, keepdim=True)  # (B, 1), divides by G
     else:
         population_std = rewards.std(correction=0)  # scalar, divides by B*G
-    if not bool(torch.isfinite(population_std).all() and torch.isfinite(mean).all()):
-        # the squares overflowed: dividing by an inf std would turn every advantage into 0
+    if check and not bool(torch.isfinite(population_std).all()):
+        # the squares overflowed: dividing by an inf std would turn every advantage into a finite, wrong 0
         raise ValueError(f"rewards: values too large, their std overflows {rewards.dtype} (rescale the rewards)")
     # where(), not a plain division: in float16 an epsilon of 1e-8 rounds to 0, and a constant row's 0/0
     # would be NaN; the constant rows are exact zeros either way
     return torch.where(constant_group, torch.zeros_like(rewards), centered / (population_std + epsilon))
 
 
+@finite_result("rewards")
 def group_relative_advantages(rewards, num_generations, eps=1e-4, scale="group", *, check=True):
     """The lesson's flat form of `group_advantages` (MiniMind train_grpo.py; DeepSeekMath sec. 4.1.2).
 
@@ -391,6 +399,7 @@ def group_relative_advantages(rewards, num_generations, eps=1e-4, scale="group",
     return group_advantages(grouped, epsilon=eps, scale=scale, check=check).reshape(-1)  # (B, G) -> (B*G,)
 
 
+@finite_result("rewards")
 def rloo_advantages(rewards, *, check=True):
     """REINFORCE leave-one-out advantages (Kool et al., ICLR 2019 workshop, "Buy 4 REINFORCE Samples, Get
     a Baseline for Free!"; RLOO, Ahmadian et al., arXiv 2402.14740): each sample's baseline is the mean
@@ -413,13 +422,14 @@ def rloo_advantages(rewards, *, check=True):
         check_tensor("rewards", rewards, ndim=2)
         if rewards.shape[1] < 2:
             raise ValueError(f"rewards: expected at least 2 samples per group (shape (B, G>=2)), got {tuple(rewards.shape)}")
-    rewards = rewards.detach()
+    rewards = _constant(rewards)
     group_size = rewards.shape[1]
     leave_one_out_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)  # (B, G)
     constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
     return torch.where(constant_group, torch.zeros_like(rewards), rewards - leave_one_out_mean)
 
 
+@finite_result("rewards")
 def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95, *, check=True):
     """Generalized Advantage Estimation over one temporal stream (GAE, arXiv 1506.02438, eq. 16).
 
@@ -445,7 +455,8 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
         (advantages, returns), both (T,) without grad, in the dtype of `rewards`.
     Raises:
         ValueError naming the argument for bad tensors, shape/dtype mismatches, gamma or lam outside
-        [0, 1], or a step that is terminated but not a boundary.
+        [0, 1], a step that is terminated but not a boundary, or values so large that the returns
+        overflow the dtype.
     """
     if check:
         check_matching([("rewards", rewards), ("values", values), ("next_values", next_values)], ndim=1)
@@ -468,13 +479,14 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
         lastgaelam = delta + gamma * lam * nextnotboundary * lastgaelam
         advantages[t] = lastgaelam
     advantages = torch.tensor(advantages, dtype=rewards.dtype)
-    returns = advantages + values.detach().to(rewards.dtype)
+    returns = advantages + _constant(values).to(rewards.dtype)
     return advantages, returns
 
 
 # --- KL: exact, and the three sampled estimators ---------------------------------------------
 
 
+@finite_result("logits")
 def categorical_kl(logits, reference_logits, *, check=True):
     """Exact forward KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
 
@@ -487,15 +499,22 @@ def categorical_kl(logits, reference_logits, *, check=True):
     Returns:
         (...) KL per row, >= 0.
     Raises:
-        ValueError naming the argument for bad tensors, a shape mismatch or 0-D input.
+        ValueError naming the argument for bad tensors, a shape mismatch or 0-D input, or a KL the
+        dtype cannot hold (an action the policy takes that the reference all but excludes).
+
+    An action whose probability underflows to 0 adds exactly 0 (0 * log 0 = 0 by convention, and by
+    the limit), also where its log-probability is -inf: never 0 * inf = NaN, in the value or the gradient.
     """
     if check:
         check_matching([("logits", logits), ("reference_logits", reference_logits)])
         if logits.dim() == 0:
             raise ValueError("logits: expected at least 1 dimension (..., A)")
     logp = F.log_softmax(logits, dim=-1)
-    ref_logp = F.log_softmax(reference_logits.detach(), dim=-1)
-    return (logp.exp() * (logp - ref_logp)).sum(dim=-1)
+    ref_logp = F.log_softmax(_constant(reference_logits), dim=-1)
+    p = logp.exp()
+    # where(), in the factor that can be -inf: then neither the value nor its gradient meets 0 * inf
+    log_ratio = torch.where(p > 0, logp - ref_logp, torch.zeros_like(logp))
+    return (p * log_ratio).sum(dim=-1)
 
 
 def _check_kl_args(policy_logps, ref_logps, check):
@@ -503,6 +522,7 @@ def _check_kl_args(policy_logps, ref_logps, check):
         check_matching([("policy_logps", policy_logps), ("ref_logps", ref_logps)])
 
 
+@finite_result("policy_logps")
 def token_kl_penalty(policy_logps, ref_logps, *, check=True):
     """k3, the estimator of KL(policy || ref) per token used by GRPO (DeepSeekMath, arXiv 2402.03300,
     eq. 4; Schulman, "Approximating KL Divergence", 2020). Also importable as `kl_k3`.
@@ -520,25 +540,20 @@ def token_kl_penalty(policy_logps, ref_logps, *, check=True):
     Returns:
         (...) per-token k3 values.
     Raises:
-        ValueError naming the argument for bad tensors or mismatched shape/dtype, or when
-        ref_logps - policy_logps exceeds `exp_limit` (about 708.8 nats in float64): exp() overflows.
+        ValueError naming the argument for bad tensors or mismatched shape/dtype, or (naming
+        policy_logps) when ref_logps - policy_logps exceeds about 709.8 nats in float64: exp() overflows.
     TRL: GRPO's only estimator (beta); verl: kl_loss_type / kl_penalty "low_var_kl" (verl also
     clamps the log-ratio to +-20 and k3 to [-10, 10]).
     """
     _check_kl_args(policy_logps, ref_logps, check)
-    delta = ref_logps.detach() - policy_logps
-    limit = exp_limit(delta.dtype)
-    if check and bool((delta.detach() > limit).any()):
-        raise ValueError(
-            f"policy_logps: ref_logps - policy_logps exceeds {limit:.1f} nats, so k3 = exp(delta) - delta - 1 "
-            f"overflows {delta.dtype}"
-        )
+    delta = _constant(ref_logps) - policy_logps
     return delta.exp() - delta - 1.0
 
 
 kl_k3 = token_kl_penalty  # one function, two names: the lesson's and Schulman's
 
 
+@finite_result("policy_logps")
 def kl_k1(policy_logps, ref_logps, *, check=True):
     """k1 = policy_logp - ref_logp per token, the plain log-ratio (Schulman, "Approximating KL
     Divergence", 2020).
@@ -547,29 +562,32 @@ def kl_k1(policy_logps, ref_logps, *, check=True):
     variance and often negative per token); its expected GRADIENT is 0, since E[grad log policy] = 0:
     as a loss term it does not pull toward the reference at all (arXiv 2506.09477). It does work when
     folded into the reward, where the policy gradient multiplies it by grad log policy.
-    Args, errors: as `token_kl_penalty` (no overflow: nothing is exponentiated).
+    Args, errors: as `token_kl_penalty` (the difference overflows only beyond about 9e307 nats).
     TRL: RLOOConfig.beta, the reward KL summed over the response; verl: kl_penalty / kl_loss_type "k1".
     """
     _check_kl_args(policy_logps, ref_logps, check)
-    return policy_logps - ref_logps.detach()
+    return policy_logps - _constant(ref_logps)
 
 
+@finite_result("policy_logps")
 def kl_k2(policy_logps, ref_logps, *, check=True):
     """k2 = 0.5 * (policy_logp - ref_logp) ** 2 per token (Schulman, "Approximating KL Divergence", 2020).
 
     On tokens sampled from the policy: its mean is biased (about KL when the two are close, >= 0 per
     token, low variance); its expected GRADIENT is exactly the gradient of KL(policy || ref)
     (arXiv 2506.09477), which makes it the estimator whose gradient matches the KL it names.
-    Args, errors: as `token_kl_penalty` (no overflow: nothing is exponentiated).
+    Args, errors: as `token_kl_penalty`; the square overflows where |policy - ref| exceeds about 1.9e154
+    nats in float64 (about 362 in float16), a ValueError naming policy_logps.
     verl: kl_loss_type / kl_penalty "mse" (k2); TRL: none.
     """
     _check_kl_args(policy_logps, ref_logps, check)
-    return 0.5 * (policy_logps - ref_logps.detach()).square()
+    return 0.5 * (policy_logps - _constant(ref_logps)).square()
 
 
 # --- token sequences: the causal shift, masks and reductions ---------------------------------
 
 
+@finite_result("logits")
 def response_token_logps(logits, input_ids, response_mask, *, check=True):
     """Per-token log-probs of the response tokens, with the causal shift.
 
@@ -606,21 +624,23 @@ def response_token_logps(logits, input_ids, response_mask, *, check=True):
             )
         if length < 2:
             raise ValueError(f"logits: expected at least 2 positions (T >= 2) for the causal shift, got T={length}")
-        if bool(((input_ids.long() < 0) | (input_ids.long() >= vocab)).any()):  # int64: int16 cannot hold 40000
+        ids = stored(input_ids).long()  # int64: int16 cannot hold 40000
+        if bool(((ids < 0) | (ids >= vocab)).any()):
             raise ValueError(f"input_ids: expected ids in [0, {vocab}), got values outside")
         if bool(response_mask[:, 0].any()):
             raise ValueError("response_mask: position 0 cannot be a response token (no logits row predicts it)")
         if not bool(response_mask[:, 1:].any(dim=1).all()):
             raise ValueError("response_mask: every row needs at least one response token")
-    valid = response_mask[:, 1:]  # (B, T-1)
+    valid = _constant(response_mask[:, 1:])  # (B, T-1)
     logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
-    targets = input_ids[:, 1:].long()  # (B, T-1); gather wants int64
+    targets = _constant(input_ids[:, 1:]).long()  # (B, T-1); gather wants int64
     token_logps = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1, 1) -> (B, T-1)
     # where(), not multiplication: a masked position then contributes exactly 0 and no gradient
     token_logps = torch.where(valid, token_logps, torch.zeros_like(token_logps))
     return token_logps, valid
 
 
+@finite_result("logits")
 def response_logps(logits, input_ids, response_mask, *, check=True):
     """(B,) response-only sum of `response_token_logps` (the sequence log-prob used by DPO).
 
@@ -666,6 +686,20 @@ def completion_mask(completion_ids, eos_token_id, pad_mask=None, *, check=True):
 REDUCTIONS = ("sequence", "token", "constant")
 
 
+def _checked_reduction(completion_mask, reduction, max_new_tokens, length):
+    """The reduction arguments checked (completion_mask already is); returns max_new_tokens."""
+    check_choice("reduction", reduction, REDUCTIONS)
+    if max_new_tokens is not None:
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
+    if reduction == "constant":
+        longest = int((completion_mask.detach() != 0).sum(dim=1).max().item())
+        if longest > (length if max_new_tokens is None else max_new_tokens):
+            raise ValueError(f"max_new_tokens: expected at least the longest completion ({longest} tokens), "
+                             f"got {max_new_tokens}")
+    return max_new_tokens
+
+
+@finite_result("per_token_loss")
 def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *, check=True):
     """Reduce a (N, R) per-token loss to a scalar over the valid (masked) tokens.
 
@@ -695,18 +729,10 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
         check_tensor("per_token_loss", per_token_loss, kind="any_float", ndim=2)
         check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
         check_same_shape([("per_token_loss", per_token_loss), ("completion_mask", completion_mask)])
-        check_choice("reduction", reduction, REDUCTIONS)
-        if max_new_tokens is not None:
-            max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
-    mask = completion_mask.detach().to(per_token_loss.dtype)
-    if check:
-        if not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
-            raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
-        if reduction == "constant":
-            longest = int(mask.sum(dim=1).max().item())
-            if longest > (per_token_loss.shape[1] if max_new_tokens is None else max_new_tokens):
-                raise ValueError(f"max_new_tokens: expected at least the longest completion ({longest} tokens), "
-                                 f"got {max_new_tokens}")
+        max_new_tokens = _checked_reduction(completion_mask, reduction, max_new_tokens, per_token_loss.shape[1])
+    mask = _constant(completion_mask).to(per_token_loss.dtype)
+    if check and not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
+        raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
     # where(), not multiplication: a masked position contributes exactly 0 and no gradient, whatever it holds
     masked = torch.where(mask > 0, per_token_loss, torch.zeros_like(per_token_loss))
     if reduction == "sequence":
@@ -742,9 +768,6 @@ def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, co
     check_real("beta", beta, low=0.0)
     if kl_estimator not in KL_ESTIMATORS.values():
         raise ValueError(f"kl_estimator: expected one of the atoms kl_k1, kl_k2, kl_k3, got {kl_estimator!r}")
-    if beta > 0:  # the estimator's own overflow check, on the kept tokens only
-        kept_policy, kept_ref = _kept_only(completion_mask, policy_logps, ref_logps)
-        kl_estimator(kept_policy.detach(), kept_ref)
 
 
 def _weighted(policy_term, importance_weights, completion_mask, check):
@@ -754,9 +777,9 @@ def _weighted(policy_term, importance_weights, completion_mask, check):
     if check:
         check_tensor("importance_weights", importance_weights, ndim=2)
         check_same_shape([("completion_mask", completion_mask), ("importance_weights", importance_weights)])
-        if bool((importance_weights < 0).any()):
+        if bool((stored(importance_weights) < 0).any()):
             raise ValueError("importance_weights: expected weights >= 0")
-    return policy_term * importance_weights.detach()
+    return policy_term * _constant(importance_weights)
 
 
 def _kl_term(kl_estimator, policy_logps, ref_logps, beta):
@@ -767,6 +790,7 @@ def _kl_term(kl_estimator, policy_logps, ref_logps, beta):
     return beta * kl_estimator(policy_logps, ref_logps, check=False)
 
 
+@finite_result("policy_logps")
 def grpo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.2, beta=0.1, reduction="sequence",
     max_new_tokens=None, epsilon_high=None, dual_clip=None, *, kl_estimator=token_kl_penalty, importance_weights=None,
@@ -801,16 +825,16 @@ def grpo_policy_loss(
     if check:
         _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
         epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
+        max_new_tokens = _checked_reduction(completion_mask, reduction, max_new_tokens, policy_logps.shape[1])
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
-    expanded = advantages.detach().unsqueeze(1).expand_as(policy_logps)  # (N,) -> (N, R): the sequence's A
-    if check and dual_clip is None:
-        _refuse_overflow("policy_logps", policy_logps - old_logps, expanded)
+    expanded = _constant(advantages).unsqueeze(1).expand_as(policy_logps)  # (N,) -> (N, R): the sequence's A
     policy_term = -clipped_policy_loss(policy_logps, old_logps, expanded, epsilon, epsilon_high, dual_clip, check=False)
     policy_term = _weighted(policy_term, importance_weights, completion_mask, check)
     per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
-    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=False)
 
 
+@finite_result("policy_logps")
 def cispo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
     reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, importance_weights=None, check=True,
@@ -840,26 +864,44 @@ def cispo_policy_loss(
     if check:
         _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
         epsilon_high = check_real("epsilon_high", epsilon_high, low=0.0, low_open=True)
+        max_new_tokens = _checked_reduction(completion_mask, reduction, max_new_tokens, policy_logps.shape[1])
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
     logratio = policy_logps - old_logps.detach()
     ratio = logratio.clamp(max=exp_limit(logratio.dtype)).exp()  # a huge ratio is capped below anyway
     # detached: the weight scales the score-function gradient but is not differentiated itself
     weight = ratio.clamp(max=epsilon_high).detach()
-    policy_term = weight * advantages.detach().unsqueeze(1) * policy_logps  # (N,) -> (N, 1) -> (N, R)
+    policy_term = weight * _constant(advantages).unsqueeze(1) * policy_logps  # (N,) -> (N, 1) -> (N, R)
     policy_term = _weighted(policy_term, importance_weights, completion_mask, check)
     per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
-    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=False)
 
 
-def sequence_log_ratio(policy_logps, old_logps, completion_mask):
-    """(N,) GSPO's log of the sequence ratio: the mean over each sequence's kept tokens of
-    logp - old_logp (count clamped to >= 1); gradient flows through policy_logps. exp() of it is the
-    geometric mean of the token ratios, s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|)."""
-    mask = completion_mask.detach().to(policy_logps.dtype)
+@finite_result("policy_logps")
+def sequence_log_ratio(policy_logps, old_logps, completion_mask, *, check=True):
+    """GSPO's log of the sequence ratio (arXiv 2507.18071, eq. 7): the mean over each sequence's kept
+    tokens of logp - old_logp (count clamped to >= 1). exp() of it is the geometric mean of the token
+    ratios, s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|).
+
+    Args:
+        policy_logps: (N, R) float log-probs (nats) of the sampled tokens; gradient flows through it.
+        old_logps: (N, R) same dtype, at sampling time; detached.
+        completion_mask: (N, R) 0/1 (bool, int or float), 1 on the tokens that count.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N,) log sequence ratios, in the dtype of policy_logps.
+    Raises:
+        ValueError naming the argument for bad tensors or shapes.
+    """
+    if check:
+        check_matching([("policy_logps", policy_logps), ("old_logps", old_logps)], ndim=2)
+        check_tensor("completion_mask", completion_mask, kind="mask", ndim=2)
+        check_same_shape([("policy_logps", policy_logps), ("completion_mask", completion_mask)])
+    mask = _constant(completion_mask).to(policy_logps.dtype)
     policy_logps, old_logps = _kept_only(completion_mask, policy_logps, old_logps)
     return (policy_logps - old_logps.detach()).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (N, R) -> (N,)
 
 
+@finite_result("policy_logps")
 def gspo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=3e-4, epsilon_high=4e-4, beta=0.0,
     *, kl_estimator=token_kl_penalty, check=True,
@@ -888,21 +930,25 @@ def gspo_policy_loss(
     if check:
         _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
         epsilon, epsilon_high, _ = _clip_range(epsilon, epsilon_high, None)
-    log_s = sequence_log_ratio(policy_logps, old_logps, completion_mask)  # (N,)
-    advantages = advantages.detach()
-    if check:
-        _refuse_overflow("policy_logps", log_s, advantages)
+    log_s = sequence_log_ratio(policy_logps, old_logps, completion_mask, check=False)  # (N,)
+    advantages = _constant(advantages)
     # the sequence log-ratio plays logp - old_logp in the token-level clipped loss
     per_sequence = clipped_policy_loss(log_s, torch.zeros_like(log_s), advantages, epsilon, epsilon_high, check=False)
     if beta > 0:
         policy_kept, ref_kept = _kept_only(completion_mask, policy_logps, ref_logps)
         kl_per_token = kl_estimator(policy_kept, ref_kept, check=False)
-        mask = completion_mask.detach().to(policy_logps.dtype)
+        mask = _constant(completion_mask).to(policy_logps.dtype)
         kl_masked = torch.where(mask > 0, kl_per_token, torch.zeros_like(kl_per_token))
         per_sequence = per_sequence + beta * kl_masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
     return per_sequence.mean()
 
 
+# Below it the gate is linear in the ratio to 12 digits (sigmoid's curvature at tau * (r - 1) is nil) and
+# only its constant 2 / tau grows: 4 / tau is inf at tau = 5e-324, and the gradient NaN.
+SAPO_MIN_TAU = 1e-6
+
+
+@finite_result("policy_logps")
 def sapo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, tau_pos=1.0, tau_neg=1.05, beta=0.0,
     reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, importance_weights=None, check=True,
@@ -920,7 +966,7 @@ def sapo_policy_loss(
     the most unstable.
 
     Args:
-        as `grpo_policy_loss`, with tau_pos, tau_neg > 0 in place of the clip range.
+        as `grpo_policy_loss`, with tau_pos, tau_neg in [SAPO_MIN_TAU, 1e6] in place of the clip range.
     Returns:
         scalar loss to minimize.
     Raises:
@@ -930,22 +976,24 @@ def sapo_policy_loss(
     """
     if check:
         _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator)
-        tau_pos = check_real("tau_pos", tau_pos, low=0.0, high=1e6, low_open=True)
-        tau_neg = check_real("tau_neg", tau_neg, low=0.0, high=1e6, low_open=True)
+        tau_pos = check_real("tau_pos", tau_pos, low=SAPO_MIN_TAU, high=1e6)
+        tau_neg = check_real("tau_neg", tau_neg, low=SAPO_MIN_TAU, high=1e6)
+        max_new_tokens = _checked_reduction(completion_mask, reduction, max_new_tokens, policy_logps.shape[1])
     policy_logps, old_logps, ref_logps = _kept_only(completion_mask, policy_logps, old_logps, ref_logps)
     logratio = policy_logps - old_logps.detach()
     ratio = logratio.clamp(max=exp_limit(logratio.dtype)).exp()  # the gate saturates long before the clamp
-    expanded = advantages.detach().unsqueeze(1).expand_as(ratio)  # (N,) -> (N, R)
+    expanded = _constant(advantages).unsqueeze(1).expand_as(ratio)  # (N,) -> (N, R)
     tau = torch.where(expanded > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     policy_term = _weighted(gate * expanded, importance_weights, completion_mask, check)
     per_token_loss = -(policy_term - _kl_term(kl_estimator, policy_logps, ref_logps, beta))
-    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=check)
+    return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=False)
 
 
 # --- corrections and shaping: truncated importance weights, the overlong penalty -------------
 
 
+@finite_result("old_logps")
 def truncated_importance_weights(old_logps, rollout_logps, cap=2.0, *, check=True):
     """Truncated importance sampling weights for a sampler whose probabilities differ from the
     trainer's (IMPALA's truncated weights, Espeholt et al., arXiv 1802.01561, sec. 4.1; applied to
@@ -978,6 +1026,7 @@ def truncated_importance_weights(old_logps, rollout_logps, cap=2.0, *, check=Tru
     return log_weights.clamp(max=exp_limit(log_weights.dtype)).exp().clamp(max=cap)
 
 
+@finite_result("lengths")
 def overlong_penalty(lengths, max_new_tokens, cache, *, check=True):
     """DAPO's soft overlong punishment, added to the reward (arXiv 2503.14476, sec. 3.4, eq. 13).
 
@@ -1003,7 +1052,7 @@ def overlong_penalty(lengths, max_new_tokens, cache, *, check=True):
         check_tensor("lengths", lengths, kind="int", ndim=1)
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, high=2**31 - 1)
         cache = check_int("cache", cache, low=1, high=max_new_tokens)
-        if bool((lengths < 0).any()):
+        if bool((stored(lengths) < 0).any()):
             raise ValueError("lengths: expected lengths >= 0")
     lengths = lengths.long().to(DTYPE)
     start = float(max_new_tokens - cache)

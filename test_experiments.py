@@ -9,6 +9,9 @@ import io
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -16,7 +19,7 @@ import torch
 
 import experiments
 import online_tokens
-from lab_testing import run_main, single_thread_module
+from lab_testing import HERE, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
@@ -122,20 +125,88 @@ class MechanismsAtReducedSize(unittest.TestCase):
                     len(rows) + 1 for _, rows in table[name].tables.values()))
 
 
-class Workers(unittest.TestCase):
-    def test_a_worker_leaves_the_stop_signals_to_the_main_process_and_dies_on_terminate(self):
-        import signal
+# A child process runs run_experiments as the program would (under run_cli) over runners that stall or
+# die; the test stops it from outside. Each prints "worker <pid>" when its run starts.
+WORKERS_SCENARIO = """
+import os, signal, sys, time
+import experiments, lab_io
 
-        names = ("SIGINT", "SIGHUP", "SIGTERM")
-        previous = {name: signal.getsignal(getattr(signal, name)) for name in names}
+def stall(seed):
+    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+    time.sleep(600)
+
+def killed(seed):
+    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+    os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+
+experiments.RUNNERS.update(stall=stall, killed=killed)
+runners = sys.argv[1].split(",")
+table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
+                                     ["m"])}
+sys.exit(lab_io.run_cli(lambda: experiments.run_experiments(["t"], 1, len(runners), lambda *args: None,
+                                                            report=print, table=table)))
+"""
+
+
+class Workers(unittest.TestCase):
+    """Every early exit of a run over worker processes ends it at once, with one line, and no worker left."""
+
+    def start(self, runners):
+        child = subprocess.Popen([sys.executable, "-B", "-c", WORKERS_SCENARIO, runners], cwd=HERE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.addCleanup(child.stderr.close)
+        self.addCleanup(child.stdout.close)
+        self.addCleanup(lambda: child.poll() is None and os.killpg(child.pid, signal.SIGKILL))
+        return child
+
+    def workers_started(self, child, count):
+        pids = []
+        while len(pids) < count:
+            line = child.stdout.readline()
+            if not line:
+                child.wait(timeout=60)
+                self.fail(f"the run ended before its workers started: {child.stderr.read()}")
+            pids.append(int(line.split()[1]))
+        for pid in pids:  # whatever happens, none outlives the test
+            self.addCleanup(lambda pid=pid: alive(pid) and os.kill(pid, signal.SIGKILL))
+        return pids
+
+    def ended(self, child, pids):
         try:
-            experiments._worker_signals()
-            now = {name: signal.getsignal(getattr(signal, name)) for name in names}
-        finally:
-            for name, handler in previous.items():
-                signal.signal(getattr(signal, name), handler)
-        # a worker that inherited the main process's raising handlers could hang the pool on SIGHUP
-        self.assertEqual(now, {"SIGINT": signal.SIG_IGN, "SIGHUP": signal.SIG_IGN, "SIGTERM": signal.SIG_DFL})
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("the run did not end: its workers kept it waiting")
+        stderr = child.stderr.read()
+        self.assertNotIn("Traceback", stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertEqual([pid for pid in pids if alive(pid)], [])
+        return child.returncode, stderr
+
+    def test_sigterm_a_ctrl_c_and_a_killed_worker_each_stop_the_run_and_every_worker(self):
+        terminated, interrupted, killed = self.start("stall,stall"), self.start("stall,stall"), self.start("stall,killed")
+        terminated_pids = self.workers_started(terminated, 2)
+        interrupted_pids = self.workers_started(interrupted, 2)
+        killed_pids = self.workers_started(killed, 2)
+        terminated.send_signal(signal.SIGTERM)  # to the main process only, as `kill -TERM PID` does
+        os.killpg(interrupted.pid, signal.SIGINT)  # to the whole process group, as a terminal's Ctrl-C does
+        code, stderr = self.ended(terminated, terminated_pids)
+        self.assertEqual(code, 143)
+        self.assertIn("interrupted (SIGTERM)", stderr)
+        code, stderr = self.ended(interrupted, interrupted_pids)
+        self.assertEqual(code, 130)
+        self.assertIn("interrupted (SIGINT)", stderr)
+        code, stderr = self.ended(killed, killed_pids)
+        self.assertEqual(code, 1)
+        self.assertRegex(stderr, r"worker process (\d+) ended by SIGKILL before its run finished")
+        self.assertIn(int(stderr.split("worker process ")[1].split()[0]), killed_pids)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class CommandLine(unittest.TestCase):

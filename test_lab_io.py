@@ -2,23 +2,29 @@
 
     python -m unittest -v test_lab_io
 
-Each class guards one cause: outputs that must not be replaced, files written all or nothing (a full
-disk, a failed rename, Ctrl-C or SIGTERM in the middle), stale temporaries of a killed run, run_cli's
-one line for every failure, and a Ctrl-C while torch is still loading (the one fresh process here).
+Each class guards one cause: outputs that must not be replaced (and paths resolved as the kernel
+resolves them), files written all or nothing (a full disk, a failed rename, Ctrl-C or SIGTERM in the
+middle, a stop signal between two renames, a killed run undone by the next), no folder left by a failed
+write, runs into one output one after the other, run_cli's one line for every failure, and a Ctrl-C
+while torch is still loading (the one fresh process here).
 """
 
 import builtins
 import errno
+import fcntl
 import io
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from unittest import mock
 
+import bench
+import experiments
 import lab_io
 import online_tokens
 import plot_results
@@ -28,21 +34,42 @@ import token_objectives
 from lab_testing import HERE, run_cli_in_process, run_main
 
 
+def staged(path):
+    """True for a file written inside a write's stage (.rl-lab-tmp-<pid>-<hex>/...)."""
+    return lab_io.TEMPORARY_PREFIX in str(path) and not os.path.basename(str(path)).startswith(
+        lab_io.TEMPORARY_PREFIX)
+
+
 def failing_open(fail_on_call, exception):
-    """A replacement for open() that raises `exception` when the n-th temporary file is written."""
+    """A replacement for open() that raises `exception` when the n-th file is staged."""
     calls = {"count": 0}
     real_open = builtins.open
 
     def fake_open(path, mode="r", *args, **kwargs):
-        if "x" in mode and os.path.basename(str(path)).startswith(lab_io.TEMPORARY_PREFIX):
+        if "x" in mode and staged(path):
             calls["count"] += 1
             if calls["count"] == fail_on_call:
-                handle = real_open(path, mode, *args, **kwargs)  # the temporary exists, then the write fails
+                handle = real_open(path, mode, *args, **kwargs)  # the staged file exists, then the write fails
                 handle.close()
                 raise exception
         return real_open(path, mode, *args, **kwargs)
 
     return fake_open
+
+
+def contents(folder):
+    """{relative path: text} of every file under `folder`."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            with open(os.path.join(root, name), encoding="utf-8") as handle:
+                found[os.path.relpath(os.path.join(root, name), folder)] = handle.read()
+    return found
+
+
+def write_under_run_cli(files):
+    """write_files(files) as a program runs it (run_cli's signal handlers); (status, stdout, stderr)."""
+    return run_cli_in_process(lambda argv: lab_io.write_files(files) or 0, [])
 
 
 def dead_pid():
@@ -99,6 +126,28 @@ class OutputsThatMustNotBeReplaced(unittest.TestCase):
         self.assertIn("another user", stderr)
         self.assertIn("ppo-chain.json", stderr)
 
+    def test_a_path_through_a_link_and_dotdot_goes_where_the_kernel_resolves_it(self):
+        os.makedirs(self.path("deep", "inner"))
+        os.symlink(self.path("deep", "inner"), self.path("link"))
+        # the kernel reads link/.. as deep (the parent of the link's target); lexically it would be tmp
+        output = os.path.join(self.path("link"), "..", "run")
+        self.assertIsNone(lab_io.output_folder_problem(output, ["ppo-chain.csv"]))
+        code, _, stderr = run_main(ppo_chain.main, ["--steps", "1", "--output", output])
+        self.assertEqual((code, stderr), (0, ""))
+        self.assertEqual(sorted(os.listdir(self.path("deep", "run"))), ["ppo-chain.csv", "ppo-chain.json"])
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["deep", "link"])
+
+    def test_a_path_longer_than_the_system_allows_is_refused_before_any_work(self):
+        deep = os.path.join(self.tmp.name, *["a"] * 2100, "t.json")  # 2,100 levels, about 4,300 bytes
+        code, stdout, stderr = run_main(token_objectives.main, ["--output", deep])
+        self.assertEqual((code, stdout), (2, ""))
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("--output", stderr)
+        self.assertIn("bytes", stderr)
+        with self.assertRaises(lab_io.WriteFailed):  # the writer alone: it fails and leaves nothing either
+            lab_io.write_files({deep: "{}\n"})
+        self.assertEqual(os.listdir(self.tmp.name), [])
+
     def test_checks_create_nothing(self):
         target = self.path("a", "b", "c")
         self.assertIsNone(lab_io.output_folder_problem(target, ["x.csv"]))
@@ -130,68 +179,121 @@ class AllOrNothing(unittest.TestCase):
         self.assertEqual(stdout, "")
         self.assertEqual(os.listdir(self.tmp.name), [])  # the folders made for the run are gone again
 
-    def test_a_failed_rename_removes_the_files_already_renamed_and_keeps_the_old_ones_out(self):
-        files = {self.path("a.csv"): "new a\n", self.path("b.csv"): "new b\n"}
+    def test_a_failed_rename_puts_the_previous_files_back(self):
+        old = {"a.csv": "old a\n", "b.csv": "old b\n", "figure.svg": "a user's figure\n"}
+        for name, text in old.items():
+            with open(self.path(name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        files = {self.path("a.csv"): "new a\n", self.path("b.csv"): "new b\n", self.path("c.csv"): "new c\n"}
         real_replace = os.replace
 
         def replace(source, target):
-            if target.endswith("b.csv"):
+            if target == self.path("c.csv"):  # a.csv and b.csv were replaced already
                 raise PermissionError(errno.EPERM, "Operation not permitted", target)
             return real_replace(source, target)
 
         with mock.patch.object(os, "replace", replace), self.assertRaises(lab_io.WriteFailed) as caught:
             lab_io.write_files(files)
-        self.assertIn("b.csv", str(caught.exception))
-        self.assertEqual(os.listdir(self.tmp.name), [])  # a.csv was renamed, then removed: neither is left
+        self.assertIn("c.csv", str(caught.exception))
+        self.assertEqual(contents(self.tmp.name), old)  # the previous run's files, whole; nothing else
 
     def test_ctrl_c_during_the_writes_keeps_the_old_folder_whole(self):
         out = self.path("run")
         self.assertEqual(run_main(rl_lab.main, ["--steps", "2", "--output", out])[0], 0)
-        before = {}
-        for name in sorted(os.listdir(out)):
-            with open(os.path.join(out, name), "rb") as handle:
-                before[name] = handle.read()
+        before = contents(out)
         with mock.patch("builtins.open", failing_open(5, KeyboardInterrupt())):
             code, stdout, stderr = run_cli_in_process(rl_lab.main, ["--steps", "3", "--output", out])
         self.assertEqual(code, 130)
         self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
         self.assertIn("interrupted", stderr)
-        after = {}
-        for name in sorted(os.listdir(out)):
-            with open(os.path.join(out, name), "rb") as handle:
-                after[name] = handle.read()
-        self.assertEqual(after, before)  # every file is the old run's: no mix of two runs
+        self.assertEqual(contents(out), before)  # every file is the old run's: no mix of two runs
 
-    def test_sigterm_cleans_up_like_ctrl_c(self):
-        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-        self.addCleanup(lambda: [signal.signal(signum, handler) for signum, handler in previous.items()])
+    def test_sigterm_during_the_writes_lets_them_finish_then_stops(self):
         real_open = builtins.open
-        opened = []
+        sent = []
 
         def terminating_open(path, mode="r", *args, **kwargs):
-            handle = real_open(path, mode, *args, **kwargs)
-            if "x" in mode:
-                opened.append(path)
-                if len(opened) == 3:  # the pre-flight probe, ppo-chain.csv's temporary, then the json's
-                    os.kill(os.getpid(), signal.SIGTERM)
-            return handle
+            if "x" in mode and staged(path) and not sent:
+                sent.append(path)
+                os.kill(os.getpid(), signal.SIGTERM)  # while the first file is staged
+            return real_open(path, mode, *args, **kwargs)
 
         out = self.path("chain")
         with mock.patch("builtins.open", terminating_open):
             code, _, stderr = run_cli_in_process(ppo_chain.main, ["--steps", "1", "--output", out])
         self.assertEqual(code, 143)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
         self.assertIn("SIGTERM", stderr)
-        self.assertEqual(len(opened), 3)
-        self.assertEqual(os.listdir(self.tmp.name), [])  # both temporaries and the new folder are gone
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(os.listdir(self.tmp.name), ["chain"])  # the run's folder, whole; no stage
+        self.assertEqual(sorted(os.listdir(out)), ["ppo-chain.csv", "ppo-chain.json"])
 
-    def test_stale_temporaries_of_a_killed_run_are_removed_by_the_next_write(self):
-        stale = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-0123456789ab"
-        live = f"{lab_io.TEMPORARY_PREFIX}{os.getppid()}-0123456789ab"  # a running process's: left alone
-        for name in (stale, live):
+    def test_a_stop_signal_between_two_renames_waits_for_the_last(self):
+        # torch's own threads can receive a signal; Python then runs the handler in the main thread at
+        # its next instruction, wherever that is: here, right after the first of two renames
+        for name, text in (("ppo.csv", "old csv\n"), ("ppo.json", "old json\n"), ("dpo.csv", "dpo\n")):
             with open(self.path(name), "w", encoding="utf-8") as handle:
-                handle.write("cut mid-li")
-        lab_io.write_text_atomic(self.path("metrics.csv"), "x\n")
-        self.assertEqual(sorted(os.listdir(self.tmp.name)), sorted(["metrics.csv", live]))
+                handle.write(text)
+        real_replace = os.replace
+        called = []
+
+        def replace(source, target):
+            real_replace(source, target)
+            if target == self.path("ppo.csv"):
+                called.append(target)
+                signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+
+        with mock.patch.object(os, "replace", replace):
+            code, _, stderr = write_under_run_cli({self.path("ppo.csv"): "new csv\n",
+                                                   self.path("ppo.json"): "new json\n"})
+        self.assertEqual(called, [self.path("ppo.csv")])
+        self.assertEqual(code, 143)
+        self.assertIn("SIGTERM", stderr)
+        self.assertEqual(contents(self.tmp.name), {"ppo.csv": "new csv\n", "ppo.json": "new json\n",
+                                                    "dpo.csv": "dpo\n"})
+
+    def test_a_stop_signal_while_the_probe_is_removed_leaves_no_probe(self):
+        real_unlink = os.unlink
+
+        def unlink(path, *args, **kwargs):
+            if os.path.basename(str(path)).startswith(lab_io.TEMPORARY_PREFIX):
+                signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # just before the probe is removed
+            return real_unlink(path, *args, **kwargs)
+
+        with mock.patch.object(os, "unlink", unlink):
+            code, _, stderr = run_cli_in_process(ppo_chain.main, ["--steps", "1", "--output", self.path("new", "x")])
+        self.assertEqual(code, 143)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertEqual(os.listdir(self.tmp.name), [])  # the probe was in tmp, the nearest existing folder
+
+    def test_a_killed_runs_half_publish_is_undone_by_the_next_write(self):
+        for name, text in (("ppo.csv", "old csv\n"), ("ppo.json", "old json\n")):
+            with open(self.path(name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        real_replace = os.replace
+
+        def replace(source, target):
+            real_replace(source, target)
+            if target == self.path("ppo.csv"):
+                raise SystemError("killed here")  # as SIGKILL: nothing of this process runs after it
+
+        with mock.patch.object(os, "replace", replace), mock.patch.object(lab_io, "_undo", lambda *args: None):
+            with self.assertRaises(SystemError):
+                lab_io.write_files({self.path("ppo.csv"): "new csv\n", self.path("ppo.json"): "new json\n",
+                                    self.path("new", "f.csv"): "new f\n"})
+        [stage] = [name for name in os.listdir(self.tmp.name) if name.startswith(lab_io.TEMPORARY_PREFIX)]
+        with open(self.path("ppo.csv"), encoding="utf-8") as handle:
+            self.assertEqual(handle.read(), "new csv\n")  # mixed: what a SIGKILL leaves
+        killed = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-0123456789ab"
+        os.rename(self.path(stage), self.path(killed))
+        probe = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-ba9876543210"  # a killed check's probe
+        live = f"{lab_io.TEMPORARY_PREFIX}{os.getppid()}-0123456789ab"  # a running process's: left alone
+        for name in (probe, live):
+            with open(self.path(name), "w", encoding="utf-8") as handle:
+                handle.write("")
+        lab_io.write_text_atomic(self.path("figure.svg"), "<svg/>\n")
+        self.assertEqual(contents(self.tmp.name), {"ppo.csv": "old csv\n", "ppo.json": "old json\n",
+                                                    "figure.svg": "<svg/>\n", live: ""})
 
     def test_written_files_follow_the_umask(self):
         previous = os.umask(0o022)
@@ -210,6 +312,92 @@ class AllOrNothing(unittest.TestCase):
         with open(path, encoding="utf-8") as handle:
             self.assertEqual(handle.read(), "old\n")
         self.assertEqual(os.listdir(self.tmp.name), ["metrics.csv"])
+
+
+class NoFolderLeftByAFailedWrite(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def test_no_inode_for_the_second_new_folder_leaves_no_folder(self):
+        real_mkdir = os.mkdir
+        calls = []
+
+        def mkdir(path, *args, **kwargs):
+            calls.append(path)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+            return real_mkdir(path, *args, **kwargs)
+
+        out = os.path.join(self.tmp.name, "a", "b", "c")
+        with mock.patch.object(os, "mkdir", mkdir):
+            code, stdout, stderr = run_cli_in_process(ppo_chain.main, ["--steps", "1", "--output", out])
+        self.assertEqual((code, stdout), (1, ""))
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("No space left on device", stderr)
+        self.assertEqual(len(calls), 2)
+        self.assertEqual(os.listdir(self.tmp.name), [])
+
+
+class ConcurrentRuns(unittest.TestCase):
+    """A second run starts while the first is inside its write (at an exact point: an os function the
+    first calls); it gets as far as it can, which must be no farther than the lock."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def path(self, *parts):
+        return os.path.join(self.tmp.name, *parts)
+
+    def race(self, first, second, function, when):
+        """Run write_files(first); when function(*args) is called with `when(args)` true, run
+        write_files(second) in a thread until it ends or waits for the lock. Returns the second's error."""
+        real_function, real_flock = getattr(os, function), fcntl.flock
+        main_thread = threading.current_thread()
+        waiting, errors = threading.Event(), []
+
+        def second_run():
+            try:
+                lab_io.write_files(second)
+            except BaseException as error:  # reported by the test, not lost in the thread
+                errors.append(error)
+
+        other = threading.Thread(target=second_run)
+
+        def hooked(*args, **kwargs):
+            if when(args) and threading.current_thread() is main_thread and other.ident is None:
+                other.start()
+                while other.is_alive() and not waiting.is_set():
+                    other.join(0.01)
+            return real_function(*args, **kwargs)
+
+        def flock(descriptor, operation):
+            if threading.current_thread() is not main_thread:
+                waiting.set()  # the second run reached the lock (and waits there while the first holds it)
+            return real_flock(descriptor, operation)
+
+        with mock.patch.object(os, function, hooked), mock.patch.object(fcntl, "flock", flock):
+            lab_io.write_files(first)
+        other.join()
+        return errors
+
+    def test_two_runs_into_one_existing_folder_do_not_mix(self):
+        os.makedirs(self.path("run"))
+        first = {self.path("run", "ppo.csv"): "first\n", self.path("run", "ppo.json"): "first\n"}
+        second = {self.path("run", "ppo.csv"): "second\n", self.path("run", "ppo.json"): "second\n"}
+        # the second run starts just before the first one's second rename
+        errors = self.race(first, second, "replace", lambda args: args[1] == self.path("run", "ppo.json"))
+        self.assertEqual(errors, [])
+        self.assertEqual(contents(self.tmp.name), {"run/ppo.csv": "second\n", "run/ppo.json": "second\n"})
+
+    def test_two_runs_creating_one_new_folder_both_succeed(self):
+        first = {self.path("run", "ppo.csv"): "first\n", self.path("run", "ppo.json"): "first\n"}
+        second = {self.path("run", "ppo.csv"): "second\n", self.path("run", "ppo.json"): "second\n"}
+        # the second run starts when the first creates its first folder
+        errors = self.race(first, second, "mkdir", lambda args: True)
+        self.assertEqual(errors, [])
+        self.assertEqual(contents(self.tmp.name), {"run/ppo.csv": "second\n", "run/ppo.json": "second\n"})
 
 
 class OneLineForEveryFailure(unittest.TestCase):
@@ -232,6 +420,45 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertEqual(err.getvalue().count("\n"), 1)
         self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
+
+    def test_help_into_a_full_stdout_is_one_line_and_status_1_in_every_program(self):
+        class FullStream(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        for module in (rl_lab, ppo_chain, token_objectives, online_tokens, experiments, plot_results, bench):
+            with self.subTest(program=module.__name__):
+                full = io.TextIOWrapper(io.BufferedWriter(FullStream()), encoding="utf-8")
+                err = io.StringIO()
+                with mock.patch.object(sys, "stdout", full), mock.patch.object(sys, "stderr", err):
+                    code = lab_io.run_cli(lambda: module.main(["--help"]))
+                self.assertEqual(code, 1)
+                self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
+                self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
+
+    def test_torchs_out_of_memory_is_the_out_of_memory_line(self):
+        def main(argv):  # what torch's CPU allocator raises: a RuntimeError, not a MemoryError
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 68719476736 bytes. Error code 12")
+
+        code, _, stderr = run_cli_in_process(main, [])
+        self.assertEqual(code, 1)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("error: out of memory (choose smaller sizes)", stderr)
+        self.assertNotIn("unexpected", stderr)
+
+    def test_a_benchmarked_driver_that_fails_is_one_line_with_its_own_message(self):
+        # bench.py runs each driver in a temporary folder: a full TMPDIR makes the driver fail there
+        failing = ["-c", "import sys; sys.exit('ppo_chain.py: error: cannot write ...: No space left on device')"]
+        with tempfile.TemporaryDirectory() as tmp:
+            code, _, stderr = run_cli_in_process(lambda argv: bench.timed_process(failing, 1, tmp) or 0, [])
+        self.assertEqual(code, 1)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("(status 1): ppo_chain.py: error: cannot write ...: No space left on device", stderr)
+        self.assertNotIn("unexpected", stderr)
 
     def test_a_name_a_strict_stdout_cannot_encode_is_escaped(self):
         strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")

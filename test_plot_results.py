@@ -245,6 +245,44 @@ class Plotter(unittest.TestCase):
                 self.assertIn(expected, stderr)
                 self.assertIn(name if name != "settings.json" or "nope" not in text else "summary.csv", stderr)
 
+    def test_a_malformed_settings_or_a_non_number_in_curves_is_one_line_naming_the_file(self):
+        import shutil
+
+        source = os.path.join(HERE, "results-experiments", "zero-variance")
+        with open(os.path.join(source, "settings.json"), encoding="utf-8") as handle:
+            settings = json.load(handle)
+        with open(os.path.join(source, "curves.csv"), encoding="utf-8", newline="") as handle:
+            curves = handle.read().splitlines(keepends=True)
+        header = curves[0].rstrip("\n").split(",")
+        column = header.index("zero_group_fraction")
+
+        def curves_with(value):  # line 3 of curves.csv with one drawn value replaced
+            cells = curves[2].rstrip("\n").split(",")
+            cells[column] = value
+            return "".join(curves[:2] + [",".join(cells) + "\n"] + curves[3:])
+
+        cases = [
+            ("settings.json", json.dumps({**settings, "curves": [["zero_group_fraction"]]}), "'curves' must be a list of names"),
+            ("settings.json", json.dumps({**settings, "metrics": [["responses"]]}), "'metrics' must be a list of names"),
+            ("settings.json", json.dumps({**settings, "figure": {"bars": ["responses"]}}), "'bars' must be a list of lists"),
+            ("settings.json", json.dumps({**settings, "seeds": 5}), "'seeds' must be a list"),
+            ("curves.csv", curves_with("nan"), "line 3: zero_group_fraction is missing or not a finite number"),
+            ("curves.csv", curves_with("inf"), "line 3: zero_group_fraction is missing or not a finite number"),
+            ("curves.csv", curves_with("text"), "line 3: zero_group_fraction is missing or not a finite number"),
+        ]
+        for index, (name, text, expected) in enumerate(cases):
+            with self.subTest(file=name, expected=expected):
+                folder = self.path(f"malformed-{index}")
+                shutil.copytree(source, folder)
+                with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("m.svg")])
+                self.assertEqual(code, 1)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(f"{name}: {expected}" if name == "settings.json" else expected, stderr)
+                self.assertIn(name, stderr)
+                self.assertFalse(os.path.exists(self.path("m.svg")))
+
     def test_a_pipe_or_a_device_as_input_is_refused_and_creates_nothing(self):
         os.makedirs(self.path("fifo"))
         os.mkfifo(self.path("fifo", "ppo.csv"))  # reading it would block forever

@@ -551,8 +551,8 @@ class ExtremeInput(unittest.TestCase):
 
     def test_losses_that_overflow_are_refused_with_the_limit(self):
         cases = [
-            ("logp", "708.8", lambda: clipped_policy_loss(t([1000.0]), t([0.0]), t([-1.0]))),
-            ("policy_logps", "708.8", lambda: token_kl_penalty(t([-1000.0]), t([0.0]))),
+            ("logp", "overflows float64", lambda: clipped_policy_loss(t([1000.0]), t([0.0]), t([-1.0]))),
+            ("policy_logps", "overflows float64", lambda: token_kl_penalty(t([-1000.0]), t([0.0]))),
             ("rewards", "overflows", lambda: group_advantages(t([[1e300, -1e300]]))),
             ("rewards", "overflows", lambda: group_advantages(t([[1e160, -1e160, 0.0]]))),
             ("max_new_tokens", "longest completion (3 tokens)",
@@ -566,6 +566,114 @@ class ExtremeInput(unittest.TestCase):
         # just inside the limits the values are exact
         self.assertEqual(group_advantages(t([[1e150, -1e150]])).tolist(), [[1.0, -1.0]])
         self.assertEqual(reduce_token_loss(t([[1.0, 1.0, 0.0]]), torch.tensor([[1, 1, 0]]), "constant", 2).item(), 1.0)
+
+    def test_a_result_the_dtype_cannot_hold_is_a_value_error_naming_an_argument_and_the_dtype(self):
+        half = torch.float16
+        h = lambda values: torch.tensor(values, dtype=half)  # noqa: E731
+        zero = h([0.0])
+        mask = torch.ones(1, 1)
+        cases = [  # finite arguments whose result is NaN or inf: each atom checks its result once
+            ("policy_logps", "float64", lambda: kl_k2(t([1e200]), t([0.0]))),
+            ("rewards", "float64", lambda: rloo_advantages(t([[1.6e308, 1.6e308, -1.6e308]]))),
+            ("rewards", "float64", lambda: group_advantages(t([[1.6e308, 1.6e308, -1.6e308]]), scale="none")),
+            ("rewards", "float64", lambda: gae(t([1e308, 1e308]), t([-1e308, 0.0]), t([1e308, 1e308]),
+                                              torch.tensor([False, False]), torch.tensor([False, True]))),
+            ("per_token_loss", "float64", lambda: reduce_token_loss(t([[1e308, 1e308]]), mask.expand(1, 2), "token")),
+            ("chosen", "float64", lambda: rl_lab.ipo_loss(t([1e155]), t([-1e155]), t([0.0]), t([0.0]))),
+            ("logp", "float64", lambda: clipped_policy_loss(t([700.0]), t([0.0]), t([-1e10]))),
+            ("policy_logps", "float64", lambda: grpo_policy_loss(t([[800.0]]), t([[0.0]]), t([[800.0]]), t([-1.0]),
+                                                                 mask)),
+            ("policy_logps", "float64", lambda: gspo_policy_loss(t([[800.0]]), t([[0.0]]), t([[0.0]]), t([-1.0]),
+                                                                 mask)),
+            ("chosen", "float16", lambda: rl_lab.ipo_loss(zero, zero, zero, zero, beta=1e-6)),
+            ("chosen", "float16", lambda: rl_lab.robust_dpo_loss(h([1.0]), zero, zero, zero, label_smoothing=0.4999999)),
+            ("logp", "float16", lambda: clipped_policy_loss(h([10.0]), zero, h([-1000.0]))),
+            ("chosen_avg", "float16", lambda: rl_lab.simpo_loss(h([-1000.0]), zero, beta=100.0)),
+        ]
+        for name, dtype, call in cases:
+            with self.subTest(argument=name, dtype=dtype), self.assertRaises(ValueError) as caught:
+                call()
+            self.assertTrue(str(caught.exception).startswith(f"{name}: the result overflows {dtype}"), caught.exception)
+        # check=False leaves the result unread: a training loop's own tensors, as documented
+        self.assertEqual(kl_k2(t([1e200]), t([0.0]), check=False).item(), math.inf)
+
+    def test_categorical_kl_of_a_policy_that_excludes_actions_is_exact(self):
+        # p = (1, 0, 0) exactly: KL to the uniform reference is ln 3, and p = 0 meets log p = -inf only in 0 * log 0
+        logits = t([[1.6e308, 0.0, -1.6e308]], requires_grad=True)
+        kl = categorical_kl(logits, torch.zeros(1, 3, dtype=DTYPE))
+        kl.sum().backward()
+        self.assertAlmostEqual(kl.item(), math.log(3.0), places=15)
+        self.assertEqual(logits.grad.tolist(), [[0.0, 0.0, 0.0]])  # p * (log p - log q - KL) = 0 for each action
+        ordinary = t([[1.0, 2.0, 0.5]])  # and the ordinary case is the formula, bit for bit
+        logp, ref_logp = F.log_softmax(ordinary, dim=-1), F.log_softmax(t([[0.1, 0.2, 0.3]]), dim=-1)
+        self.assertEqual(categorical_kl(ordinary, t([[0.1, 0.2, 0.3]])).item(),
+                         (logp.exp() * (logp - ref_logp)).sum(dim=-1).item())
+
+    def test_tensors_made_under_inference_mode_are_accepted(self):
+        # a generation loop makes its ids, masks, advantages and weights under torch.inference_mode()
+        logits = torch.randn(2, 5, 5, dtype=DTYPE, generator=torch.Generator().manual_seed(0))
+        policy, old, ref = t([[-1.0, -2.0], [-0.3, -1.2]]), t([[-1.1, -1.9], [-0.2, -1.0]]), t([[-1.2, -2.1], [-0.5, -1.1]])
+        constants = {"ids": FIXTURE_IDS, "mask": FIXTURE_MASK, "advantages": t([1.0, -0.5]),
+                     "completion_mask": torch.tensor([[1, 1], [1, 0]]), "weights": t([[1.0, 0.9], [1.1, 1.0]]),
+                     "old": old, "ref": ref}
+        with torch.inference_mode():
+            inference = {key: value.clone() for key, value in constants.items()}
+        calls = {
+            "response_token_logps": lambda x, c: response_token_logps(x, c["ids"], c["mask"])[0],
+            "response_logps": lambda x, c: response_logps(x, c["ids"], c["mask"]),
+            "sapo_policy_loss": lambda x, c: sapo_policy_loss(x, c["old"], c["ref"], c["advantages"],
+                                                              c["completion_mask"], beta=0.1, importance_weights=c["weights"]),
+            "grpo_policy_loss": lambda x, c: grpo_policy_loss(x, c["old"], c["ref"], c["advantages"],
+                                                              c["completion_mask"], importance_weights=c["weights"]),
+        }
+        for name, call in calls.items():
+            with self.subTest(atom=name):
+                results = []
+                for given in (constants, inference):
+                    x = (logits if name.startswith("response") else policy).clone().requires_grad_(True)
+                    value = call(x, given)
+                    value.sum().backward()
+                    results.append((value.tolist(), x.grad.tolist()))
+                self.assertEqual(results[1], results[0])
+
+    def test_a_broadcast_argument_of_the_wrong_shape_is_refused_before_its_values_are_read(self):
+        real_isfinite = torch.isfinite
+
+        def isfinite(tensor):  # 2**33 values would take 8 GB to scan: only what a tensor stores is read
+            self.assertLess(tensor.numel(), 1000, "a check scanned every element of a broadcast argument")
+            return real_isfinite(tensor)
+
+        one = t([-1.0])
+        huge = one.reshape(1, 1).expand(2, 2**32)  # 2**33 elements, one stored value, the wrong shape
+        cases = [
+            ("old_logp", lambda: clipped_policy_loss(one, huge, one)),
+            ("ref_rejected", lambda: dpo_loss(one, one, one, huge)),
+            ("reference_logits", lambda: categorical_kl(one, huge)),
+            ("ref_logps", lambda: kl_k2(one, huge)),
+            ("rewards", lambda: rloo_advantages(huge.reshape(-1))),
+            ("values", lambda: gae(one, huge, one, torch.tensor([True]), torch.tensor([True]))),
+            ("rollout_logps", lambda: truncated_importance_weights(one, huge)),
+            ("old_logps", lambda: rl_lab.sequence_log_ratio(t([[-1.0]]), huge, torch.ones(1, 1))),
+            ("completion_mask", lambda: reduce_token_loss(t([[-1.0]]), huge)),
+            ("lengths", lambda: overlong_penalty(torch.tensor(3).expand(2, 2**32), 4, 2)),
+        ]
+        with mock.patch.object(torch, "isfinite", isfinite):
+            for name, call in cases:
+                with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                    call()
+                self.assertTrue(str(caught.exception).startswith(name), caught.exception)
+        # a broadcast argument of the right shape is read once per stored value, then computed
+        self.assertEqual(clipped_policy_loss(one.expand(3), one.expand(3), one.expand(3)).tolist(), [1.0] * 3)
+
+    def test_sequence_log_ratio_checks_its_arguments(self):
+        mask = torch.tensor([[1, 1, 0]])
+        for name, args in (("policy_logps", (None, None, None)), ("old_logps", (t([[-1.0, -2.0, 0.0]]), t([-1.0]), mask)),
+                           ("completion_mask", (t([[-1.0, -2.0, 0.0]]), t([[-1.5, -2.0, 9.0]]), t([[2.0, 0.0, 0.0]])))):
+            with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                rl_lab.sequence_log_ratio(*args)
+            self.assertTrue(str(caught.exception).startswith(name), caught.exception)
+        log_s = rl_lab.sequence_log_ratio(t([[-1.0, -2.0, 0.0]]), t([[-1.5, -2.0, 9.0]]), mask)
+        self.assertEqual(log_s.tolist(), [0.25])  # (0.5 + 0) / 2 kept tokens; the masked 9.0 counts for nothing
 
     def test_narrow_integer_ids_are_compared_in_int64(self):
         # 300 would wrap round to 44 in int8; V = 40000 would wrap in int16
@@ -871,8 +979,11 @@ class DPOFamily(unittest.TestCase):
         # label smoothing 0 is DPO exactly, even where e * -logsigmoid(-x) would be 0 * inf
         self.assertEqual(rl_lab.cdpo_loss(t([0.0]), t([0.0]), t([0.0]), t([0.0]), beta=0.1).item(), math.log(2.0))
         for fn in (rl_lab.cdpo_loss, rl_lab.robust_dpo_loss):
-            with self.subTest(loss=fn.__name__), self.assertRaisesRegex(ValueError, "^beta: beta \\* margin overflows"):
-                fn(t([0.0]), huge, huge, t([0.0]), beta=10.0)
+            # a margin of 2e308 nats overflows to inf; DPO's loss there is 0, its correctly rounded value
+            self.assertEqual(fn(t([0.0]), huge, huge, t([0.0]), beta=10.0).item(), 0.0)
+            # with label smoothing the other label's term is -logsigmoid(-inf) = inf: refused
+            with self.subTest(loss=fn.__name__), self.assertRaisesRegex(ValueError, "^chosen: the result overflows"):
+                fn(t([0.0]), huge, huge, t([0.0]), beta=10.0, label_smoothing=0.1)
         half = torch.tensor([[1.0, 1.0], [0.0, 1.0]], dtype=torch.float16)  # eps 1e-8 rounds to 0 in float16
         self.assertEqual(group_advantages(half).tolist(), [[0.0, 0.0], [-1.0, 1.0]])
         self.assertEqual(group_advantages(half[:1], scale="batch").tolist(), [[0.0, 0.0]])
@@ -895,6 +1006,8 @@ class DPOFamily(unittest.TestCase):
             ("rewards", lambda: rloo_advantages(t([[1.0]]))),
             ("policy_logps", lambda: kl_k2(t([float("nan")]), t([0.0]))),
             ("tau_neg", lambda: sapo_policy_loss(m, m, m, t([1.0]), ones, tau_neg=0.0)),
+            ("tau_neg", lambda: sapo_policy_loss(m, m, m, t([-1.0]), ones, tau_neg=5e-324)),  # 4 / tau = inf
+            ("tau_pos", lambda: sapo_policy_loss(m, m, m, t([1.0]), ones, tau_pos=rl_lab.SAPO_MIN_TAU / 2)),
             ("kl_estimator", lambda: grpo_policy_loss(m, m, m, t([1.0]), ones, kl_estimator=len)),
             ("importance_weights", lambda: grpo_policy_loss(m, m, m, t([1.0]), ones, importance_weights=m)),
             ("cap", lambda: truncated_importance_weights(x, x, cap=0.5)),
@@ -908,6 +1021,12 @@ class DPOFamily(unittest.TestCase):
             with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
                 call()
             self.assertTrue(str(caught.exception).startswith(name), caught.exception)
+        # at the floor the loss and its gradient are finite: the gate is linear, its gradient GRPO's
+        policy = m.clone().requires_grad_(True)
+        loss = sapo_policy_loss(policy, m, m, t([-1.0]), ones, tau_neg=rl_lab.SAPO_MIN_TAU)
+        loss.backward()
+        self.assertAlmostEqual(loss.item(), 2.0 / rl_lab.SAPO_MIN_TAU, delta=1e-6)  # -(2 / tau) * A at ratio 1
+        torch.testing.assert_close(policy.grad, t([[0.5, 0.5]]), rtol=0, atol=1e-12)  # -A * ratio / 2 tokens
 
 
 # ---------------------------------------------------------------------------------------------
