@@ -18,7 +18,7 @@ from lab_settings import SEED, STEPS, SettingError, check_value, declared, setti
 from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
 from tasks import TASK_DEFAULTS, TASKS
-from rl_lab import KL_ESTIMATORS, REDUCTIONS
+from rl_lab import KL_ESTIMATORS, REDUCTIONS, SAPO_MIN_TAU
 
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 # B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
@@ -68,10 +68,8 @@ class OnlineConfig:
                                   default_text="--epsilon; cispo 5.0, gspo 4e-4")
     dual_clip: float = setting(None, "dual-clip constant c > 1: the loss of an A < 0 token is at most -c * A",
                                low=1.0, high=1e6, low_open=True, optional=True, applies=())
-    tau_pos: float = setting(1.0, "SAPO's gate temperature for A > 0", low=0.0, high=100.0, low_open=True,
-                             applies=())
-    tau_neg: float = setting(1.05, "SAPO's gate temperature for A < 0", low=0.0, high=100.0, low_open=True,
-                             applies=())
+    tau_pos: float = setting(1.0, "SAPO's gate temperature for A > 0", low=SAPO_MIN_TAU, high=100.0, applies=())
+    tau_neg: float = setting(1.05, "SAPO's gate temperature for A < 0", low=SAPO_MIN_TAU, high=100.0, applies=())
     advantage: str = setting("grpo", "grpo = (reward - group mean) / std; rloo = reward - mean of the other "
                              "responses of the prompt", choices=("grpo", "rloo"), applies=GROUP)
     scale_rewards: str = setting("group", "divide by the group's std, the batch's, or none (Dr. GRPO)",
