@@ -571,31 +571,36 @@ def sample_evaluation(model, task, split, *, ks=PASS_KS, samples=64, generator, 
     per_batch = max(1, batch_size // samples)  # whole prompts per generate call
     correct_counts, distinct, lengths_correct, lengths_wrong = [], [], [], []
     entropy_sum, token_count, truncated_count = 0.0, 0, 0
-    for start in range(0, len(prompt_list), per_batch):
-        chunk = prompts[start:start + per_batch]
-        rows = chunk.repeat_interleave(samples)  # (B,) -> (B*S,) prompt-major
-        ids, mask = prompt_batch(task, rows)
-        out = generate(model, ids, mask, task.max_new_tokens, eos_id=task.eos_id, pad_id=task.pad_id,
-                       temperature=temperature, generator=generator)
-        width = ids.shape[1]
-        completion_ids = out.sequences[:, width:]  # (B*S, R)
-        real = out.completion_mask[:, width:].bool()  # (B*S, R)
-        correct = task.correct(task.rewards(rows, completion_ids, real, out.truncated))  # (B*S,)
-        scores = completion_scores(model, out.sequences, out.attention_mask, out.completion_mask,
-                                   temperature=temperature)
-        entropy_sum += float(scores.entropy.double().sum())
-        token_count += int(out.completion_mask.sum())
-        truncated_count += int(out.truncated.sum())
-        lengths = real.sum(dim=1)  # (B*S,) tokens, EOS included
-        lengths_correct += lengths[correct].tolist()
-        lengths_wrong += lengths[~correct].tolist()
-        by_prompt = correct.view(len(chunk), samples)  # (B*S,) -> (B, S)
-        correct_counts += by_prompt.sum(dim=1).tolist()
-        for index in range(len(chunk)):
-            responses = completion_ids[index * samples:(index + 1) * samples]
-            kept = real[index * samples:(index + 1) * samples]
-            distinct.append(len({tuple(responses[row][kept[row]].tolist())
-                                 for row in range(samples) if by_prompt[index, row]}))
+    was_training = model.training
+    model.eval()  # as generate() samples: the entropies are those of the distributions it drew from
+    try:
+        for start in range(0, len(prompt_list), per_batch):
+            chunk = prompts[start:start + per_batch]
+            rows = chunk.repeat_interleave(samples)  # (B,) -> (B*S,) prompt-major
+            ids, mask = prompt_batch(task, rows)
+            out = generate(model, ids, mask, task.max_new_tokens, eos_id=task.eos_id, pad_id=task.pad_id,
+                           temperature=temperature, generator=generator)
+            width = ids.shape[1]
+            completion_ids = out.sequences[:, width:]  # (B*S, R)
+            real = out.completion_mask[:, width:].bool()  # (B*S, R)
+            correct = task.correct(task.rewards(rows, completion_ids, real, out.truncated))  # (B*S,)
+            scores = completion_scores(model, out.sequences, out.attention_mask, out.completion_mask,
+                                       temperature=temperature)
+            entropy_sum += float(scores.entropy.double().sum())
+            token_count += int(out.completion_mask.sum())
+            truncated_count += int(out.truncated.sum())
+            lengths = real.sum(dim=1)  # (B*S,) tokens, EOS included
+            lengths_correct += lengths[correct].tolist()
+            lengths_wrong += lengths[~correct].tolist()
+            by_prompt = correct.view(len(chunk), samples)  # (B*S,) -> (B, S)
+            correct_counts += by_prompt.sum(dim=1).tolist()
+            for index in range(len(chunk)):
+                responses = completion_ids[index * samples:(index + 1) * samples]
+                kept = real[index * samples:(index + 1) * samples]
+                distinct.append(len({tuple(responses[row][kept[row]].tolist())
+                                     for row in range(samples) if by_prompt[index, row]}))
+    finally:
+        model.train(was_training)
     exact = exact_success(model, task, prompts, temperature, batch_size)
     difficulties = [task.difficulty(prompt) for prompt in prompt_list]
     result = {"split": split, "prompts": len(prompt_list), "samples": samples, "temperature": temperature}

@@ -445,9 +445,10 @@ class CommandLine(unittest.TestCase):
         flat = " ".join(stdout.split())
         for item in sft.SETTINGS:
             self.assertIn(item.option, flat)
-        for text in ("--steps STEPS Adam steps (0: the random initialization, untrained); integer in [0, 100000] "
-                     "(default: 1500)", "(default: results-sft)", "--lr LEARNING_RATE", "(default: 0.003)", "(default: 64)",
-                     "(default: every prompt)", "(default: off)"):
+        steps_help = ("--steps STEPS Adam steps (0: the random initialization, untrained); integer in [0, 100000] "
+                      "(default: 1500)")
+        for text in (steps_help, "(default: results-sft)", "--lr LEARNING_RATE", "(default: 0.003)",
+                     "(default: 64)", "(default: every prompt)", "(default: off)"):
             self.assertIn(text, flat)
         self.assertEqual(flat.count("(default:"), len(sft.SETTINGS) + 4)
 
