@@ -806,7 +806,8 @@ def build_parser():
                     "(CSV and Markdown), settings and a figure per experiment.",
     )
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"experiments to run, or 'all': {names}")
-    parser.add_argument("--list", action="store_true", help="name every experiment with one line, and stop")
+    parser.add_argument("--list", action="store_true",
+                        help="name every experiment with one line, and stop (default: off)")
     parser.add_argument("--seeds", type=int_flag(1, 100), default=DEFAULT_SEEDS,
                         help="run seeds 0..N-1 of every configuration, integer in [1, 100] (default: 5)")
     parser.add_argument("--jobs", type=int_flag(1, 64), default=os.cpu_count() or 1,

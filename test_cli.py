@@ -1,0 +1,200 @@
+"""The command-line contract, one test over every program of the lab: a bad flag exits 2 with one line
+naming it and writes nothing; an output that is the wrong kind of path is refused and left untouched;
+a rerun writes the same bytes; --help shows every option's default.
+
+    python -m unittest -v test_cli
+
+Each program's own outputs and messages are tested in its own file; here only what every one promises.
+"""
+
+import argparse
+import os
+import tempfile
+import unittest
+from dataclasses import dataclass, field
+
+import bench
+import experiments
+import online_tokens
+import plot_results
+import ppo_chain
+import rl_lab
+import sft
+import token_objectives
+from lab_testing import HERE, run_main, single_thread_module
+
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+
+
+@dataclass
+class Program:
+    """How to run a program cheaply into OUT (a folder or a file path), and its bad flags (flag, argv)."""
+
+    main: object
+    build_parser: object
+    argv: list  # a cheap run; "{out}" is replaced by the output path
+    output: str  # "folder" or "file"
+    bad: list = field(default_factory=list)
+    writes: bool = True
+
+
+PLOT_INPUT = os.path.join(HERE, "results-chain")
+PROGRAMS = {
+    "rl_lab.py": Program(rl_lab.main, rl_lab.build_parser, ["--steps", "2", "--output", "{out}"], "folder", [
+        ("--steps", ["--steps", "0"]), ("--steps", ["--steps", "1.5"]), ("--steps", ["--steps", "ten"]),
+        ("--steps", ["--steps", " 3"]), ("--steps", ["--steps", "+3"]), ("--steps", ["--steps", "1_0"]),
+        ("--steps", ["--steps", "\u0663"]), ("--seed", ["--seed", "\uff13"]), ("--step", ["--step", "3"]),
+        ("--group-size", ["--group-size", "1"]), ("--preference-flips", ["--preference-flips", "13"]),
+        ("--preference-flips", ["--algorithm", "grpo", "--preference-flips", "2"]), ("--seed", ["--seed", "-1"]),
+        ("--seed", ["--seed", str(2**63)]), ("--grpo-prompts", ["--grpo-prompts", "0"]),
+        ("--algorithm", ["--algorithm", "sac"]), ("--json", ["--algorithm", "ppo", "--json"]),
+        ("--group-size", ["--grpo-prompts", "4096", "--group-size", "4096"]),  # 16.7M actions per iteration
+    ]),
+    "ppo_chain.py": Program(ppo_chain.main, ppo_chain.build_parser, ["--steps", "2", "--output", "{out}"], "folder", [
+        ("--gae-lambda", ["--gae-lambda", "-0.1"]), ("--gae-lambda", ["--gae-lambda", "1.01"]),
+        ("--gae-lambda", ["--gae-lambda", "inf"]), ("--gae-lambda", ["--gae-lambda", "nan"]),
+        ("--steps", ["--steps", "100001"]), ("--seed", ["--seed", "7.5"]), ("--seed", ["--seed", "abc"]),
+    ]),
+    "token_objectives.py": Program(token_objectives.main, token_objectives.build_parser, ["--output", "{out}"], "file",
+                                   [("--online", ["--online"])]),
+    "online_tokens.py": Program(online_tokens.main, online_tokens.build_parser, ["--steps", "2", "--output", "{out}"],
+                                "folder", [
+        ("--steps", ["--steps", "0"]),
+        ("--group-size", ["--group-size", "1"]),
+        ("--temperature", ["--temperature", "0"]),
+        ("--temperature", ["--temperature", "nan"]),
+        ("--temperature", ["--temperature", "5e-324"]),  # would overflow every tempered logit
+        ("--epsilon", ["--epsilon", "1"]),
+        ("--loss", ["--loss", "grpo"]),  # the first release's name for --algorithm is gone
+        ("--reduction", ["--reduction", "mean"]),
+        ("--max-new-tokens", ["--max-new-tokens", "65"]),
+        ("--lr", ["--lr", "-0.1"]),
+        ("--prompts", ["--prompts", "4096", "--group-size", "1024", "--max-new-tokens", "64"]),  # ~15 GB
+        ("--epsilon-high", ["--epsilon-high", "-1"]),
+        ("--epsilon-high", ["--algorithm", "cispo", "--epsilon-high", "0"]),  # a cap of 0 keeps no weight
+        ("--dual-clip", ["--dual-clip", "1"]),  # c must exceed 1
+        ("--dual-clip", ["--algorithm", "cispo", "--dual-clip", "3"]),  # does not apply to cispo
+        ("--gae-lambda", ["--gae-lambda", "0.5"]),  # a PPO flag with the default grpo
+        ("--dpo-loss", ["--algorithm", "dpo", "--dpo-loss", "kto"]),
+        ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.5"]),
+        ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.2"]),  # sigmoid ignores it
+        ("--scale-rewards", ["--advantage", "rloo", "--scale-rewards", "none"]),  # RLOO divides by no std
+        ("--overlong-penalty", ["--overlong-penalty", "6"]),  # a cache beyond the 5-token cap
+        ("--rollout-top-p", ["--rollout-top-p", "0"]),
+        ("--tis-cap", ["--tis-cap", "0.5"]),
+        ("--tis-cap", ["--algorithm", "gspo", "--tis-cap", "2"]),
+        ("--reduction", ["--algorithm", "all", "--reduction", "token"]),  # not for ppo and dpo
+        ("--algorithm", ["--algorithm", "reinforce"]),
+        ("--truncation", ["--algorithm", "ppo", "--truncation", "never"]),
+        ("--simpo-gamma", ["--algorithm", "dpo", "--simpo-gamma", "1"]),
+        ("--max-resample-rounds", ["--max-resample-rounds", "3"]),  # without --dynamic-sampling
+        ("--cap-value", ["--algorithm", "ppo", "--truncation", "terminal", "--cap-value", "shared"]),
+        ("--dpo-beta", ["--algorithm", "dpo", "--dpo-loss", "ipo", "--dpo-beta", "1e-160"]),
+        ("--tau-neg", ["--algorithm", "sapo", "--tau-neg", "5e-324"]),
+        ("--task", ["--task", "countdown"]),  # a table cannot answer an unseen prompt
+        ("--sampler-dtype", ["--sampler-dtype", "bfloat16"]),  # the table has no separate sampler
+        ("--cap-value", ["--policy", "transformer", "--algorithm", "ppo", "--cap-value", "shared"]),
+    ]),
+    "experiments.py": Program(experiments.main, experiments.build_parser,
+                              ["kl-estimators", "--seeds", "1", "--output", "{out}"], "folder", [
+        ("NAME", ["nope"]), ("NAME", []), ("--seeds", ["all", "--seeds", "0"]), ("--jobs", ["all", "--jobs", "0"]),
+    ]),
+    "plot_results.py": Program(plot_results.main, plot_results.build_parser,
+                               ["--input", PLOT_INPUT, "--output", "{out}"], "file", [
+        ("--output", ["--input", PLOT_INPUT, "--output", "figure.gif"]),
+    ]),
+    "sft.py": Program(sft.main, sft.build_parser, None, "folder", [("--steps", ["--steps", "-1"])], writes=False),
+    "bench.py": Program(bench.main, bench.build_parser, None, "none", [("--runs", ["--runs", "0"])], writes=False),
+}
+
+
+def path_for(program, folder):
+    return os.path.join(folder, "out.svg" if program.output == "file" else "out")
+
+
+def snapshot(path):
+    """{relative path: bytes} of every file under `path` (or of the file itself)."""
+    if os.path.isfile(path):
+        with open(path, "rb") as handle:
+            return {"": handle.read()}
+    found = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as handle:
+                found[os.path.relpath(os.path.join(folder, name), path)] = handle.read()
+    return found
+
+
+class Contract(unittest.TestCase):
+    def run_program(self, program, argv):
+        return run_main(program.main, argv)
+
+    def test_a_bad_flag_exits_2_with_one_line_naming_it_and_writes_nothing(self):
+        for name, program in PROGRAMS.items():
+            for flag, argv in program.bad:
+                with self.subTest(program=name, argv=argv), tempfile.TemporaryDirectory() as tmp:
+                    out = os.path.join(tmp, "never")
+                    extra = ["--output", out] if program.output != "none" and "--output" not in argv else []
+                    code, stdout, stderr = self.run_program(program, argv + extra)
+                    self.assertEqual(code, 2)
+                    self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                    self.assertIn(flag, stderr)
+                    self.assertEqual(stdout, "")
+                    self.assertEqual(os.listdir(tmp), [])
+
+    def test_an_output_of_the_wrong_kind_is_refused_and_left_untouched(self):
+        for name, program in PROGRAMS.items():
+            if not program.writes:
+                continue
+            with self.subTest(program=name), tempfile.TemporaryDirectory() as tmp:
+                if program.output == "folder":  # a file where the folder goes
+                    taken = os.path.join(tmp, "taken")
+                    with open(taken, "w", encoding="utf-8") as handle:
+                        handle.write("keep me\n")
+                else:  # a folder where the file goes, holding a file
+                    taken = os.path.join(tmp, "taken.svg")
+                    os.mkdir(taken)
+                    with open(os.path.join(taken, "inside"), "w", encoding="utf-8") as handle:
+                        handle.write("keep me\n")
+                before = snapshot(taken)
+                argv = [taken if part == "{out}" else part for part in program.argv]
+                code, stdout, stderr = self.run_program(program, argv)
+                self.assertEqual(code, 2)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn("--output", stderr)
+                self.assertEqual(snapshot(taken), before)
+                self.assertEqual(sorted(os.listdir(tmp)), [os.path.basename(taken)])
+
+    def test_a_rerun_writes_the_same_bytes_and_leaves_no_temporary(self):
+        for name, program in PROGRAMS.items():
+            if not program.writes:
+                continue
+            with self.subTest(program=name), tempfile.TemporaryDirectory() as tmp:
+                first, second = path_for(program, os.path.join(tmp, "a")), path_for(program, os.path.join(tmp, "b"))
+                for out in (first, second, first):  # two folders, then the first again over itself
+                    code, _, stderr = self.run_program(program, [out if p == "{out}" else p for p in program.argv])
+                    self.assertEqual(code, 0, stderr)
+                written = snapshot(first)
+                self.assertGreater(len(written), 0)
+                self.assertEqual(written, snapshot(second))
+                self.assertEqual([name for name in os.listdir(os.path.dirname(first)) if name.startswith(".")], [])
+
+    def test_help_shows_every_options_default(self):
+        for name, program in PROGRAMS.items():
+            with self.subTest(program=name):
+                code, stdout, stderr = self.run_program(program, ["--help"])
+                self.assertEqual((code, stderr), (0, ""))
+                parser = program.build_parser()
+                formatter = parser._get_formatter()
+                for action in parser._actions:
+                    if isinstance(action, argparse._HelpAction) or not action.option_strings:
+                        continue
+                    shown = formatter._expand_help(action) if action.help else ""  # as --help prints it
+                    self.assertIn("default", shown.lower(),
+                                  f"{name} {action.option_strings[0]}: its help does not state its default")
+                    self.assertNotIn("default: None", shown, f"{name} {action.option_strings[0]}")
+                    self.assertIn(action.option_strings[0], stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
