@@ -136,9 +136,10 @@ class OnlineConfig:
                              "initialization)", low=0, high=100_000, policies=("transformer",))
     sft_folder: str = setting("results-sft", "the folder of cached SFT models, one subfolder per SFT setting "
                               "(reused by later runs with the same settings)", policies=("transformer",))
-    eval_prompts: int = setting(64, "prompts of each split whose exact success probability is computed after "
-                                "every update (a fixed draw; all of them at the end)", low=1, high=100_000,
-                                policies=("transformer",))
+    eval_prompts: int = setting(32, "prompts of each split whose exact success probability is computed after "
+                                "every update (a fixed draw)", low=1, high=100_000, policies=("transformer",))
+    eval_samples: int = setting(64, "responses sampled per test prompt for pass@k before and after training (0: "
+                                "no sampled evaluation)", low=0, high=1024, policies=("transformer",))
 
 
 SETTINGS = declared(OnlineConfig)
@@ -220,19 +221,22 @@ def settings_block(cfg):
 
 
 def default_output(algorithm, options):
-    """The folder a run writes when --output is not given: results-online-<algorithm>[-<reduction>], then
-    every other option that differs from its default (results-online-grpo-sequence-advantage-rloo), so
-    that only the default run writes the committed default folder."""
+    """The folder a run writes when --output is not given: results-online-[transformer-]<algorithm>
+    [-<reduction>], then every other option that differs from its default for that policy
+    (results-online-grpo-sequence-advantage-rloo), so that only the default run writes the committed
+    default folder."""
+    policy = options.get("policy", BY_NAME["policy"].default)
+    defaults = {item.name: item.default for item in SETTINGS} | POLICY_DEFAULTS[policy]
+    prefix = "results-online" if policy == BY_NAME["policy"].default else f"results-online-{policy}"
     if algorithm == "all":
-        name = "results-online-all"
+        name = f"{prefix}-all"
     elif algorithm in GROUP:  # gspo has no reduction of its own: it averages per sequence
-        reduction = options.get("reduction", BY_NAME["reduction"].default)
-        name = f"results-online-{algorithm}-{reduction if algorithm in APPLIES['reduction'] else 'sequence'}"
+        reduction = options.get("reduction", defaults["reduction"])
+        name = f"{prefix}-{algorithm}-{reduction if algorithm in APPLIES['reduction'] else 'sequence'}"
     else:
-        name = f"results-online-{algorithm}"
+        name = f"{prefix}-{algorithm}"
     for key, value in options.items():
-        if key not in ("reduction", "algorithm") and value != BY_NAME[key].default:
+        if key not in ("reduction", "algorithm", "policy") and value != defaults[key]:
             shown = str(value).lower() if isinstance(value, bool) else str(value)
             name += f"-{key.replace('_', '-')}-{shown}"
     return name
-

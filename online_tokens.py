@@ -483,6 +483,7 @@ def run(state, observe=None):
     """
     _check_run(state)
     rows, first_batch = [initial_row(state)], None
+    before = sampled_evaluation(state)
     for step in range(1, state.cfg.steps + 1):
         batch = rollout(state)
         batch_credit = state.algorithm.credit(batch)
@@ -500,7 +501,20 @@ def run(state, observe=None):
         "first_batch": first_batch,
         "final": rows[-1],
     }
+    if before is not None:
+        report["evaluation"] = {"before": before, "after": sampled_evaluation(state)}
     return rows, report
+
+
+def sampled_evaluation(state):
+    """For a policy that cannot be evaluated exactly everywhere (the transformer): pass@k and the rest of
+    sft.sample_evaluation on every test prompt, from a generator of its own (seeded by the run's seed,
+    so that the same draws serve before and after training and the training stream is left as it is).
+    None for a table, or with eval_samples 0."""
+    if state.policy.exact or state.cfg.eval_samples == 0:
+        return None
+    generator = torch.Generator().manual_seed(state.cfg.seed)
+    return state.policy.sample_evaluation("test", state.cfg.eval_samples, generator)
 
 
 # ---------------------------------------------------------------------------------------------

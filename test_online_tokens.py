@@ -16,6 +16,8 @@ import unittest
 import torch
 
 import online_tokens
+import sft
+from countdown import CountdownTask
 from lab_testing import float64, parallel_calls, run_main, single_thread_module
 import online_algorithms
 from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
@@ -617,6 +619,101 @@ class GroupFamilySwitches(unittest.TestCase):
         batch, _ = rollout_with_credit(state)
         ratio = sequence_log_ratio(current_logps(state, batch), batch.old_logps, batch.mask).exp()
         self.assertEqual(ratio.tolist(), [1.0] * 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformer policy on Countdown (online_tokens.py --policy transformer)
+# ---------------------------------------------------------------------------------------------
+
+
+TASK_COUNTDOWN = CountdownTask()
+
+
+def state_model(options):
+    """The SFT start of a transformer run with these options (loaded from its cache)."""
+    return online_tokens.setup(**options).policy.model
+
+
+class TransformerRuns(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):  # a short SFT start of its own (the default one takes half a minute), cached
+        cls.folder = tempfile.TemporaryDirectory()
+        cls.small = {"policy": "transformer", "sft_steps": 40, "sft_folder": cls.folder.name, "prompts": 4,
+                     "group_size": 4, "eval_prompts": 4, "eval_samples": 0}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.folder.cleanup()
+
+    def test_every_algorithm_runs_and_reports_the_transformers_columns(self):
+        for algorithm in online_tokens.ALGORITHMS:
+            with self.subTest(algorithm=algorithm):
+                rows, report = online_tokens.train(steps=2, algorithm=algorithm, **self.small)
+                self.assertEqual(list(rows[0]), online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS)
+                self.assertEqual(list(report)[:3], ["settings", "trl", "verl"])
+                self.assertEqual((report["settings"]["policy"], report["settings"]["task"]), ("transformer", "countdown"))
+                self.assertEqual(rows[-1]["optimizer_steps"] > 0, rows[-1]["pairs"] > 0 or algorithm != "dpo")
+                self.assertNotIn("evaluation", report)  # eval_samples 0
+
+    def test_pass_at_k_before_and_after_on_every_test_prompt(self):
+        rows, report = online_tokens.train(steps=1, **{**self.small, "eval_samples": 4})
+        before, after = report["evaluation"]["before"], report["evaluation"]["after"]
+        self.assertEqual((before["prompts"], before["samples"], before["split"]), (106, 4, "test"))
+        self.assertTrue(0.0 <= before["pass@1"] <= before["pass@4"] <= 1.0)
+        self.assertEqual(list(before), list(after))
+        # the exact pass@1 of the evaluation and of the row 0 use the same model at the same temperature;
+        # the row's is over a fixed draw of 4 test prompts, the evaluation's over all 106
+        all_prompts = sft.exact_success(state_model(self.small), TASK_COUNTDOWN, TASK_COUNTDOWN.split_prompts("test"))
+        self.assertAlmostEqual(before["exact_pass@1"], all_prompts.mean().item(), places=5)
+
+    def test_the_ratio_is_exactly_one_before_the_first_update_in_float64(self):
+        state = online_tokens.setup(dtype="float64", **self.small)
+        batch, _ = rollout_with_credit(state)
+        self.assertEqual(batch.old_logps.dtype, torch.float64)
+        self.assertTrue(torch.equal(current_logps(state, batch), batch.old_logps))  # bit for bit
+
+    def test_the_sampler_in_a_lower_precision_differs_from_the_trainer_by_a_measured_amount(self):
+        differences = {}
+        for trainer, sampler in (("float64", None), ("float32", None), ("float32", "bfloat16"), ("float32", "float16")):
+            rows, _ = online_tokens.train(steps=1, dtype=trainer, sampler_dtype=sampler, **self.small)
+            differences[(trainer, sampler)] = rows[1]["sampler_logp_diff_max"]
+        # the same precision: the KV cache and the full forward pass add in another order, nothing more
+        self.assertLess(differences[("float64", None)], 1e-12)
+        self.assertLess(differences[("float32", None)], 1e-5)
+        # an inference engine's lower precision: a real mismatch, larger for bfloat16's 8-bit mantissa
+        self.assertGreater(differences[("float32", "bfloat16")], 1e-3)
+        self.assertGreater(differences[("float32", "bfloat16")], differences[("float32", "float16")])
+        self.assertGreater(differences[("float32", "float16")], 10 * differences[("float32", None)])
+
+    def test_the_kv_cache_draws_the_same_responses_as_full_forward_passes(self):
+        batches = []
+        for use_cache in (True, False):
+            state = online_tokens.setup(dtype="float64", use_cache=use_cache, **self.small)
+            batches.append(online_tokens.rollout(state))
+        self.assertTrue(torch.equal(batches[0].completion_ids, batches[1].completion_ids))
+        torch.testing.assert_close(batches[0].sampler_logps, batches[1].sampler_logps, rtol=0, atol=1e-12)
+
+    def test_the_same_seed_gives_the_same_run(self):
+        first = online_tokens.train(steps=2, seed=3, **self.small)
+        self.assertEqual(first, online_tokens.train(steps=2, seed=3, **self.small))
+
+    def test_the_kl_to_the_reference_is_the_chain_rule_sum_over_the_sampled_prefixes(self):
+        state = online_tokens.setup(**self.small)
+        with torch.no_grad():  # a policy away from its reference
+            for parameter in state.policy.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        batch = online_tokens.rollout(state)
+        old = state.policy.snapshot()
+        with torch.no_grad():
+            logp = torch.log_softmax(old.logits(batch.prompts, batch.completion_ids), dim=-1)
+            ref = torch.log_softmax(state.reference.logits(batch.prompts, batch.completion_ids), dim=-1)
+        total = 0.0
+        for n in range(batch.mask.shape[0]):
+            for position in range(int(batch.mask[n].sum())):
+                p, q = logp[n, position].double(), ref[n, position].double()
+                total += float((p.exp() * (p - q)).sum())
+        self.assertGreater(batch.kl_reference, 0.0)
+        self.assertAlmostEqual(batch.kl_reference, total / batch.mask.shape[0], delta=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
