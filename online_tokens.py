@@ -444,11 +444,11 @@ def decode_batch(state, batch, batch_credit, groups=2):
 
 
 def settings_of(state):
-    """The JSON settings: the options that apply to the run's algorithm, the task, the policy and the
-    versions, then what the algorithm adds."""
+    """The JSON settings: the options that apply to the run's algorithm and policy, the task's own
+    description (task_settings), the policy and the versions, then what the algorithm adds."""
     return {
         **settings_block(state.cfg),
-        **state.task.settings(),
+        "task_settings": state.task.settings(),
         "policy_description": state.policy.description,
         "reference": "the initial policy, frozen",
         "old_policy": "a frozen snapshot taken before each batch is sampled",

@@ -655,7 +655,8 @@ def _online_references(runs):
     success = starts + [(TARGET_SUCCESS, f"target {TARGET_SUCCESS:g}"), (1.0, "optimum 1")]
     lengths = []
     for run in runs:
-        answers = run.settings.get("prompts_and_answers")
+        task = run.settings.get("task_settings")
+        answers = task.get("prompts_and_answers") if isinstance(task, dict) else None
         if isinstance(answers, dict) and answers and all(isinstance(a, str) for a in answers.values()):
             length = sum(len(answer) + 1 for answer in answers.values()) / len(answers)
             lengths.append((length, f"all correct: {length:.3g}"))
@@ -670,10 +671,114 @@ def _first_at_target(run, x_column):
     return None
 
 
+TRANSFORMER_COLUMNS = ONLINE_COLUMNS + ["test_success_probability", "entropy", "mean_correct_length",
+                                        "mean_wrong_length"]
+
+
+def _csv_header(path):
+    _check_input_file(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            return next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise PlotInputError(f"{path}: not a readable CSV ({error})") from None
+
+
+def _evaluations(run):
+    """(before, after) of a transformer run's sampled evaluation ({} each when the JSON has none)."""
+    report = read_json(os.path.join(run.source, "online.json")) if os.path.lexists(
+        os.path.join(run.source, "online.json")) else {}
+    evaluation = report.get("evaluation") if isinstance(report, dict) else None
+    if not isinstance(evaluation, dict):
+        return {}, {}
+    before, after = evaluation.get("before"), evaluation.get("after")
+    return (before if isinstance(before, dict) else {}), (after if isinstance(after, dict) else {})
+
+
+def _pass_at_k(path, evaluation):
+    """[(k, pass@k)] of an evaluation, k increasing; PlotInputError for a value that is not a probability."""
+    points = []
+    for key, value in evaluation.items():
+        if key.startswith("pass@") and key[5:].isdigit():
+            if not _is_number(value) or not 0.0 <= value <= 1.0:
+                raise PlotInputError(f"{path}: evaluation {key} is not a probability ({value!r})")
+            points.append((int(key[5:]), float(value)))
+    return sorted(points)
+
+
+def plot_transformer(folders):
+    """Transformer runs (online_tokens.py --policy transformer), one colour per folder: exact success on
+    train and test prompts after each update, pass@k on the test prompts before and after training (the
+    SFT start and the end), the entropy of the sampled tokens, the lengths of right and wrong responses,
+    the KL to the reference, and the distinct correct answers per test prompt before and after."""
+    runs = []
+    for folder in _as_list(folders):
+        series = read_csv(os.path.join(folder, "online.csv"), TRANSFORMER_COLUMNS)
+        settings = read_settings(os.path.join(folder, "online.json"))
+        name = settings.get("algorithm") if isinstance(settings.get("algorithm"), str) else ""
+        runs.append(Run(folder, name, series, settings))
+    styles, labels = run_styles(runs), run_labels(runs)
+    figure, axes = _new_figure(2, 3, 16, 9.2)
+    success, passk, entropy, lengths, kl, distinct = axes
+    for run, style, label in zip(runs, styles, labels):
+        steps = np.asarray(run.series["step"])
+        success.plot(steps, run.series["success_probability"], label=label, **style)
+        success.plot(steps, run.series["test_success_probability"], color=style["color"], linestyle=":",
+                     linewidth=style["linewidth"] + 0.6)
+        sampled = steps >= 1  # row 0 samples nothing
+        entropy.plot(steps[sampled], np.asarray(run.series["entropy"])[sampled], **style)
+        for column, dashes in (("mean_correct_length", "-"), ("mean_wrong_length", ":")):
+            values = np.asarray(run.series[column])
+            seen = sampled & (values > 0)  # 0: the batch held no response of that kind
+            lengths.plot(steps[seen], values[seen], color=style["color"], linestyle=dashes,
+                         linewidth=style["linewidth"])
+        kl.plot(steps, run.series["kl_reference"], **style)
+    _finish(success, "Exact success probability after each update\nsolid: train prompts, dotted: test prompts",
+            "p(correct response)", "iteration")
+    _finish(entropy, "Entropy of the sampled tokens", "nats per token", "iteration")
+    _finish(lengths, "Response length of the sampled batch\nsolid: correct responses, dotted: wrong ones",
+            "tokens (EOS included)", "iteration")
+    _finish(kl, "KL(policy ‖ reference), estimated on each batch", "nats per response", "iteration")
+    width = 0.8 / max(1, len(runs))
+    for index, (run, style) in enumerate(zip(runs, styles)):
+        before, after = _evaluations(run)
+        for evaluation, color, dashes in ((before, "0.45", "--"), (after, style["color"], "-")):
+            points = _pass_at_k(os.path.join(run.source, "online.json"), evaluation)
+            if points:
+                passk.plot([k for k, _ in points], [value for _, value in points], color=color, linestyle=dashes,
+                           marker="o", linewidth=style["linewidth"])
+        values = [evaluation.get("distinct_correct_per_prompt") for evaluation in (before, after)]
+        if all(_is_number(value) for value in values):
+            bars = distinct.bar([position + index * width for position in (0, 1)], values, width,
+                                color=[_shade(style["color"], 0.55), style["color"]], edgecolor=style["color"])
+            _bar_values(distinct, bars, values, 2)
+    passk.set_xscale("log", base=2)
+    ks = sorted({k for run in runs for evaluation in _evaluations(run) for k, _ in
+                 _pass_at_k(os.path.join(run.source, "online.json"), evaluation)})
+    passk.set_xticks(ks, [str(k) for k in ks])
+    passk.set_ylim(0.0, 1.05)
+    _finish(passk, "pass@k on the test prompts\ngrey dashed: the SFT start; coloured: after RL", "pass@k",
+            "k (responses sampled per prompt)")
+    distinct.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["SFT start", "after RL"])
+    _finish(distinct, "Distinct correct responses per test prompt\n(among the sampled ones)", "responses", "")
+    _legend_below(figure, success)
+    algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs if run.algorithm)) or "runs"
+    figure.suptitle(f"Online {algorithms} on a tiny transformer, from its SFT start (Countdown)")
+    return figure
+
+
 def plot_online(folders):
     """Online runs (online_tokens.py), one line per folder: exact success and KL after each update (from
-    step 0), the sampled batch's success rate and response length (from step 1: nothing is sampled at 0)."""
-    runs = [_online_run(folder) for folder in _as_list(folders)]
+    step 0), the sampled batch's success rate and response length (from step 1: nothing is sampled at 0).
+    Transformer runs (their CSV has test_success_probability) get their own figure (plot_transformer)."""
+    folders = _as_list(folders)
+    transformer = ["test_success_probability" in _csv_header(os.path.join(folder, "online.csv")) for folder in folders]
+    if any(transformer):
+        if not all(transformer):
+            raise PlotInputError(f"{folders[transformer.index(False)]}: a table run cannot share a figure with "
+                                 f"{folders[transformer.index(True)]} (a transformer run); give runs of one policy")
+        return plot_transformer(folders)
+    runs = [_online_run(folder) for folder in folders]
     styles, labels = run_styles(runs), run_labels(runs)
     success_references, length_references = _online_references(runs)
     figure, axes = _new_figure(2, 2, 13, 8.8)

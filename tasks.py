@@ -115,7 +115,7 @@ class BinaryTask:
 
     def settings(self):
         return {
-            "task_description": "write the prompt's number in binary, then EOS",
+            "description": "write the prompt's number in binary, then EOS",
             "vocabulary": list(self.vocab),
             "eos_token_id": self.eos_id,
             "pad_token_id": self.pad_id,

@@ -441,6 +441,29 @@ class PlotterLabelsAndLayout(unittest.TestCase):
                     self.assertGreaterEqual(extent.x0, success.get_window_extent(renderer).x1)
                     self.assertLessEqual(extent.x1, figure.bbox.x1)
 
+    def test_a_transformer_run_gets_its_own_figure_from_its_files(self):
+        folder, sft_folder = self.path("transformer"), self.path("sft")
+        rows, report = online_tokens.train(policy="transformer", steps=2, sft_steps=20, sft_folder=sft_folder,
+                                           prompts=4, group_size=4, eval_prompts=4, eval_samples=4)
+        lab_io.write_files({os.path.join(folder, "online.csv"): lab_io.csv_text(rows, list(rows[0])),
+                            os.path.join(folder, "online.json"): lab_io.json_text(report)})
+        kind, figure = self.figure([folder])
+        self.assertEqual(kind, "online")
+        success, passk, entropy, lengths, kl, distinct = figure.axes[:6]
+        lines = success.get_lines()  # train then test success, both from step 0
+        self.assertEqual([list(line.get_ydata()) for line in lines],
+                         [[row["success_probability"] for row in rows], [row["test_success_probability"] for row in rows]])
+        before, after = report["evaluation"]["before"], report["evaluation"]["after"]
+        self.assertEqual([list(line.get_xdata()) for line in passk.get_lines()], [[1, 4], [1, 4]])
+        self.assertEqual(list(passk.get_lines()[0].get_ydata()), [before["pass@1"], before["pass@4"]])
+        self.assertEqual(list(passk.get_lines()[1].get_ydata()), [after["pass@1"], after["pass@4"]])
+        self.assertEqual([bar.get_height() for bar in distinct.patches],
+                         [before["distinct_correct_per_prompt"], after["distinct_correct_per_prompt"]])
+        self.assertEqual(list(entropy.get_lines()[0].get_xdata()), [1, 2])  # row 0 samples nothing
+        with self.assertRaisesRegex(plot_results.PlotInputError, "one policy"):
+            write_online(self.path("table"))
+            self.figure([folder, self.path("table")])
+
     def test_each_token_objective_has_its_own_axes_and_readable_values(self):
         report_path = os.path.join(HERE, "results-tokens.json")
         with open(report_path, encoding="utf-8") as handle:
