@@ -141,6 +141,69 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
     return lines
 
 
+class PhaseClock:
+    """Time spent in named methods while the clock is on: each (owner, method) is wrapped for the block."""
+
+    def __init__(self, **methods):
+        self.methods, self.seconds = methods, {name: 0.0 for name in methods}
+
+    def __enter__(self):
+        self.saved = {}
+        for name, (owner, attribute) in self.methods.items():
+            original = getattr(owner, attribute)
+            self.saved[name] = (owner, attribute, original)
+
+            def timed(*args, _original=original, _name=name, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self.seconds[_name] += time.perf_counter() - started
+
+            setattr(owner, attribute, timed)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attribute, original in self.saved.values():
+            setattr(owner, attribute, original)
+        return False
+
+
+def transformer_lines(runs):
+    """The transformer policy end to end: the SFT warm start (trained once into a fresh cache), one default
+    RL run (`online_tokens.py --policy transformer`, 100 iterations) and the share of an iteration spent
+    sampling, scoring (the old and reference log-probs), updating and evaluating."""
+    import countdown
+    import policies
+    import sft
+
+    with tempfile.TemporaryDirectory() as cache, torch_threads(1):
+        task = countdown.CountdownTask()
+        started = time.perf_counter()
+        model, report, _ = sft.load_or_train(task, sft.SFTConfig(), cache)
+        sft_seconds = time.perf_counter() - started
+        run = timed_call(lambda: online_tokens.train(policy="transformer", sft_folder=cache, eval_samples=0), runs)
+        state = online_tokens.setup(policy="transformer", sft_folder=cache, eval_samples=0)
+        clock = PhaseClock(sampling=(policies.TransformerPolicy, "sample"), rollout=(online_tokens, "rollout"),
+                           updating=(online_tokens, "update"), evaluating=(online_tokens, "evaluate"))
+        with clock:
+            started = time.perf_counter()
+            online_tokens.run(state)
+            total = time.perf_counter() - started
+    phases = {"sampling": clock.seconds["sampling"], "scoring": clock.seconds["rollout"] - clock.seconds["sampling"],
+              "updating": clock.seconds["updating"], "evaluating": clock.seconds["evaluating"]}
+    phases["the rest (credit, records)"] = total - sum(phases.values())
+    iterations = state.cfg.steps
+    lines = [f"transformer policy on Countdown ({model.num_parameters():,} parameters, 1 thread):",
+             f"  SFT warm start ({sft.SFTConfig().steps} steps, trained once): {sft_seconds:.1f} s "
+             f"(completion loss {report['loss']['initial']:.3f} -> {report['loss']['final']:.3f})",
+             f"  RL run (grpo, {iterations} iterations of {state.cfg.prompts} x {state.cfg.group_size}, no sampled "
+             f"evaluation): {run[0]:.1f} s [{run[1]:.1f}]",
+             f"  one iteration, {total / iterations * 1e3:.0f} ms:"]
+    lines += [f"    {name:28s} {seconds / total:6.1%}" for name, seconds in phases.items()]
+    return lines
+
+
 def build_parser():
     parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
                                 "training loop, tokens/s. Prints only.")
@@ -168,6 +231,7 @@ def main(argv=None):
     lines += ["", f"online_tokens.py (grpo, 60 iterations of 8 x 8): {tokens} tokens sampled, "
                   f"{tokens / loop[0]:,.0f} tokens/s (sampling, scoring and updates)"]
     lines += ["", *tiny_lm_lines(args.runs)]
+    lines += ["", *transformer_lines(args.runs)]
     print("\n".join(lines))
     return 0
 
