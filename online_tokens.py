@@ -37,7 +37,16 @@ from dataclasses import dataclass  # noqa: E402
 import torch  # noqa: E402
 
 from lab_checks import exp_limit, torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, csv_text, json_text, output_folder_or_exit, run_cli, write_files  # noqa: E402
+from lab_io import (  # noqa: E402
+    OneLineErrorParser,
+    csv_text,
+    json_text,
+    output_file_or_exit,
+    output_folder_or_exit,
+    run_cli,
+    write_files,
+)
+from library_export import export_trl, export_verl  # noqa: E402
 from lab_settings import SettingError, add_arguments, given_options, help_text  # noqa: E402
 from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, masked, mean_of  # noqa: E402
 from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block  # noqa: E402
@@ -46,6 +55,7 @@ from rl_lab import DEVICE, completion_mask, token_kl_penalty  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
+EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
 
 COLUMNS = [
     "step", "optimizer_steps", "responses_sampled", "tokens_sampled", "total_tokens_sampled", "reward_mean",
@@ -591,6 +601,10 @@ def build_parser():
                             algorithm, help="what to train; 'all' = ppo, dpo, grpo, cispo from the same initial "
                                             "policy at the same budget (B*G responses per iteration)")))
     add_arguments(parser, [with_algorithms(item) for item in SETTINGS if item.name != "algorithm"])
+    parser.add_argument("--export", nargs=2, metavar=("LIBRARY", "FILE"), default=None,
+                        help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
+                             "run's settings (the GRPO family); with verl, the verl 0.9.1 launch command with its "
+                             "overrides (see library_export.py; default: off, train)")
     parser.add_argument("--output", default=None,
                         help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
                              "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
@@ -655,10 +669,30 @@ def _train_timed(options):
     return rows, report, time.perf_counter() - started
 
 
+def export(parser, algorithm, options, library, path):
+    """Write the TRL script or the verl command of these settings to `path` (no training); exit 2 with one
+    line when the library has no trainer for them or the path cannot be written."""
+    if library not in EXPORTS:
+        parser.error(f"argument --export: expected trl or verl, got {library!r}")
+    if algorithm == "all":
+        parser.error("argument --export: one algorithm at a time (not all)")
+    output_file_or_exit(parser, path, flag="--export")
+    settings = dataclasses.asdict(resolve({**options, "algorithm": algorithm})) | {"max_grad_norm": MAX_GRAD_NORM}
+    try:
+        text = EXPORTS[library](settings)
+    except ValueError as error:
+        parser.error(f"argument --export: {error}")
+    write_files({path: text})
+    print(f"{library} export of {algorithm} -> {path}")
+    return 0
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     algorithm, options = options_from(parser, args)
+    if args.export is not None:
+        return export(parser, algorithm, options, *args.export)
     output = default_output(algorithm, options) if args.output is None else args.output
     names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)
     folders = {name: os.path.join(output, name) if algorithm == "all" else output for name in names}

@@ -324,6 +324,25 @@ class OnlineCLI(unittest.TestCase):
         with open(os.path.join(out, "online.json"), "rb") as handle:
             self.assertEqual(handle.read(), first_json)
 
+    def test_export_writes_the_trl_script_or_the_verl_command_without_training(self):
+        script, command = os.path.join(self.tmp.name, "run.py"), os.path.join(self.tmp.name, "run.sh")
+        code, stdout, stderr = run_main(online_tokens.main, ["--algorithm", "cispo", "--reduction", "token",
+                                                              "--export", "trl", script])
+        self.assertEqual((code, stderr), (0, ""))
+        with open(script, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertIn("python online_tokens.py --algorithm cispo --reduction token", text)
+        self.assertIn('"loss_type": "cispo"', text)
+        compile(text, script, "exec")  # a Python script, runnable where TRL is installed
+        code, _, _ = run_main(online_tokens.main, ["--algorithm", "ppo", "--export", "verl", command])
+        self.assertEqual(code, 0)
+        with open(command, encoding="utf-8") as handle:
+            self.assertIn("algorithm.adv_estimator=gae", handle.read())
+        code, stdout, stderr = run_main(online_tokens.main, ["--algorithm", "ppo", "--export", "trl", script + "2"])
+        self.assertEqual((code, stdout), (2, ""))  # TRL 1.16 has no PPO trainer
+        self.assertIn("--export", stderr)
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["run.py", "run.sh"])
+
     def test_all_writes_four_folders_and_a_comparison_byte_identically(self):
         out = os.path.join(self.tmp.name, "four")
         argv = ["--algorithm", "all", "--steps", "3", "--output", out]
