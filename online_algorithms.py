@@ -38,12 +38,14 @@ from rl_lab import (
     gspo_policy_loss,
     ipo_loss,
     kl_k1,
+    masked,
     overlong_penalty,
     rloo_advantages,
     robust_dpo_loss,
     sapo_policy_loss,
     sequence_log_ratio,
     simpo_loss,
+    tied_groups,
     truncated_importance_weights,
 )
 
@@ -51,16 +53,9 @@ GROUP_EPS = 1e-4  # the lesson's eps of group_relative_advantages
 WHITEN_EPS = 1e-8  # added to the std when PPO whitens its advantages, as TRL's masked_whiten
 
 
-def masked(values, mask):
-    """`values` where `mask` keeps a position, exactly 0 elsewhere (where(), not a product: a masked
-    position contributes no NaN and no gradient, whatever it holds)."""
-    return torch.where(mask.bool(), values, torch.zeros_like(values))
-
-
 def groups_tie(rewards, group_size):
     """(B,) bool: every reward of the group equals its first (a group that teaches nothing)."""
-    grouped = rewards.reshape(-1, group_size)  # (B*G,) -> (B, G)
-    return (grouped == grouped[:, :1]).all(dim=1)
+    return tied_groups(rewards.reshape(-1, group_size))  # (B*G,) -> (B, G) -> (B,)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,10 +48,10 @@ from lab_io import (  # noqa: E402
 )
 from library_export import export_trl, export_verl  # noqa: E402
 from lab_settings import SettingError, add_arguments, given_options, help_text  # noqa: E402
-from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, masked, mean_of  # noqa: E402
+from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of  # noqa: E402
 from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block  # noqa: E402
 from policies import POLICIES, entropies, logps_of_tokens  # noqa: E402
-from rl_lab import DEVICE, completion_mask, token_kl_penalty  # noqa: E402
+from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
 MAX_GRAD_NORM = 1.0
@@ -361,8 +361,7 @@ def success_by_prompt(policy, solutions):
     owner, prompts, ids, real, reachable, count = solutions
     with torch.no_grad():
         logps = logps_of_tokens(policy.logits(prompts, ids), ids)  # (M, L)
-        path = torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp()  # (M,)
-        path = torch.where(reachable, path, torch.zeros_like(path))
+        path = masked(masked(logps, real).sum(dim=1).exp(), reachable)  # (M, L) -> (M,)
         return torch.zeros(count, dtype=path.dtype).index_add_(0, owner, path)  # (M,) -> (P,)
 
 

@@ -317,6 +317,19 @@ def simpo_loss(chosen_avg, rejected_avg, beta=2.0, gamma=0.5, *, check=True):
 # --- advantages ----------------------------------------------------------------------------
 
 
+def masked(values, mask):
+    """`values` where `mask` keeps a position (nonzero), exactly 0 elsewhere. where(), not a product: a
+    masked position then contributes exactly 0 and no gradient, whatever it holds (0 * inf is NaN).
+    values and mask broadcast together; no check (a helper of the atoms, not an atom)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def tied_groups(rewards, keepdim=False):
+    """(B,) bool (or (B, 1) with keepdim): every reward of the group equals its first, the groups whose
+    group-relative advantages are all 0 and that teach nothing. rewards (B, G)."""
+    return (rewards == rewards[:, :1]).all(dim=1, keepdim=keepdim)
+
+
 GROUP_SCALES = ("group", "batch", "none")
 
 
@@ -356,8 +369,8 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
         check_choice("scale", scale, GROUP_SCALES)
     rewards = _constant(rewards)
     mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
-    constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
-    centered = torch.where(constant_group, torch.zeros_like(rewards), rewards - mean)
+    constant_group = tied_groups(rewards, keepdim=True)  # (B, 1)
+    centered = masked(rewards - mean, ~constant_group)
     if scale == "none":
         return centered
     if scale == "group":
@@ -369,7 +382,7 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
         raise ValueError(f"rewards: values too large, their std overflows {rewards.dtype} (rescale the rewards)")
     # where(), not a plain division: in float16 an epsilon of 1e-8 rounds to 0, and a constant row's 0/0
     # would be NaN; the constant rows are exact zeros either way
-    return torch.where(constant_group, torch.zeros_like(rewards), centered / (population_std + epsilon))
+    return masked(centered / (population_std + epsilon), ~constant_group)
 
 
 @finite_result("rewards")
@@ -425,8 +438,7 @@ def rloo_advantages(rewards, *, check=True):
     rewards = _constant(rewards)
     group_size = rewards.shape[1]
     leave_one_out_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)  # (B, G)
-    constant_group = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1)
-    return torch.where(constant_group, torch.zeros_like(rewards), rewards - leave_one_out_mean)
+    return masked(rewards - leave_one_out_mean, ~tied_groups(rewards, keepdim=True))
 
 
 @finite_result("rewards")
@@ -635,8 +647,7 @@ def response_token_logps(logits, input_ids, response_mask, *, check=True):
     logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V)
     targets = _constant(input_ids[:, 1:]).long()  # (B, T-1); gather wants int64
     token_logps = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1, 1) -> (B, T-1)
-    # where(), not multiplication: a masked position then contributes exactly 0 and no gradient
-    token_logps = torch.where(valid, token_logps, torch.zeros_like(token_logps))
+    token_logps = masked(token_logps, valid)  # a masked position contributes exactly 0 and no gradient
     return token_logps, valid
 
 
@@ -733,16 +744,15 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
     mask = _constant(completion_mask).to(per_token_loss.dtype)
     if check and not bool(torch.isfinite(per_token_loss.detach()[mask > 0]).all()):
         raise ValueError("per_token_loss: expected finite values on the tokens the mask keeps")
-    # where(), not multiplication: a masked position contributes exactly 0 and no gradient, whatever it holds
-    masked = torch.where(mask > 0, per_token_loss, torch.zeros_like(per_token_loss))
+    kept = masked(per_token_loss, mask)  # a masked position contributes exactly 0 and no gradient
     if reduction == "sequence":
-        per_sequence = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (N, R) -> (N,)
+        per_sequence = kept.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (N, R) -> (N,)
         return per_sequence.mean()
     if reduction == "token":
-        return masked.sum() / mask.sum().clamp(min=1.0)
+        return kept.sum() / mask.sum().clamp(min=1.0)
     if max_new_tokens is None:  # "constant"
         max_new_tokens = per_token_loss.shape[1]
-    return masked.sum() / (per_token_loss.shape[0] * max_new_tokens)
+    return kept.sum() / (per_token_loss.shape[0] * max_new_tokens)
 
 
 # --- sequence policy losses: GRPO, CISPO, GSPO, SAPO -----------------------------------------
@@ -751,8 +761,7 @@ def reduce_token_loss(per_token_loss, completion_mask, reduction="sequence", max
 def _kept_only(completion_mask, *token_tensors):
     """Replace every masked position by 0 before any exp(): padding may hold any finite filler (e.g.
     -1e9) and must neither overflow the ratio nor send NaN through the masked branch of where()."""
-    kept = completion_mask.detach() != 0
-    return [torch.where(kept, tensor, torch.zeros_like(tensor)) for tensor in token_tensors]
+    return [masked(tensor, completion_mask.detach()) for tensor in token_tensors]
 
 
 def _check_sequence_loss_args(policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, kl_estimator):
@@ -938,8 +947,7 @@ def gspo_policy_loss(
         policy_kept, ref_kept = _kept_only(completion_mask, policy_logps, ref_logps)
         kl_per_token = kl_estimator(policy_kept, ref_kept, check=False)
         mask = _constant(completion_mask).to(policy_logps.dtype)
-        kl_masked = torch.where(mask > 0, kl_per_token, torch.zeros_like(kl_per_token))
-        per_sequence = per_sequence + beta * kl_masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        per_sequence = per_sequence + beta * masked(kl_per_token, mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
     return per_sequence.mean()
 
 
@@ -1384,7 +1392,7 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
         group_rewards = rewards[prompt_contexts.unsqueeze(1), group_actions]  # (B, G)
         # advantages: relative to the group, no critic
         advantages = group_advantages(group_rewards, GROUP_ADVANTAGE_EPSILON, check=False).reshape(-1)  # (B*G,)
-        zero_group_fraction = (group_rewards == group_rewards[:, :1]).all(dim=1).double().mean().item()
+        zero_group_fraction = tied_groups(group_rewards).double().mean().item()
         contexts = prompt_contexts.repeat_interleave(group_size)  # (B,) -> (B*G,), prompt-major
         actions = group_actions.reshape(-1)  # (B, G) -> (B*G,)
         old_logp = old_logp_table[contexts, actions]
