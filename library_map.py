@@ -50,6 +50,99 @@ def _common(s):
     return trl, verl
 
 
+# ---------------------------------------------------------------------------------------------
+# Each GRPO-family loss in each library: one function per loss, registered by the lab's name. A loss
+# the lab registers without an entry here is reported as unmatched in both blocks.
+# ---------------------------------------------------------------------------------------------
+
+
+def _trl_grpo(s, options, unmatched, differences):
+    epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
+    options.update({"loss_type": GROUP_LOSS_TYPES[s["reduction"]], "epsilon": s["epsilon"],
+                    "epsilon_high": epsilon_high})
+    if s["dual_clip"] is not None and s["dual_clip"] >= 1.0 + epsilon_high:
+        options["delta"] = s["dual_clip"]
+        differences.append("TRL's delta caps the ratio itself (INTELLECT-2): for A < 0 the same bound as "
+                           "dual-clip; for A > 0 the upper clip binds first, since delta >= 1 + epsilon_high")
+    elif s["dual_clip"] is not None:
+        unmatched["dual_clip"] = (f"TRL's delta caps the ratio for A > 0 too: below 1 + epsilon_high "
+                                  f"({1.0 + epsilon_high:g}) it clips tokens the lab's dual-clip keeps")
+
+
+def _trl_gspo(s, options, unmatched, differences):
+    options.update({"importance_sampling_level": "sequence", "loss_type": "grpo", "epsilon": s["epsilon"],
+                    "epsilon_high": s["epsilon_high"]})
+
+
+def _trl_own_reduction(s, unmatched, own):
+    """TRL's cispo and sapo loss types fix their reduction: another --reduction is unmatched."""
+    if s["reduction"] != own:
+        unmatched[f"reduction={s['reduction']}"] = (
+            f"TRL's loss_type={s['algorithm']!r} fixes its own reduction "
+            f"({'token mean over the batch' if own == 'token' else 'per-sequence mean'})")
+
+
+def _trl_cispo(s, options, unmatched, differences):
+    options["loss_type"] = "cispo"
+    options["epsilon_high"] = s["epsilon_high"]
+    differences.append("TRL's cispo cap is absolute like the lab's; left unset, epsilon_high falls back "
+                       "to epsilon (0.2), a cap below 1")
+    _trl_own_reduction(s, unmatched, "token")
+
+
+def _trl_sapo(s, options, unmatched, differences):
+    options["loss_type"] = "sapo"
+    options.update({"sapo_temperature_pos": s["tau_pos"], "sapo_temperature_neg": s["tau_neg"]})
+    _trl_own_reduction(s, unmatched, "sequence")
+
+
+def _trl_unmapped(s, options, unmatched, differences):
+    unmatched[f"algorithm={s['algorithm']}"] = "no TRL loss_type is mapped to this loss"
+
+
+def _verl_grpo(s, options, unmatched, differences):
+    epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
+    options.update({ACTOR + "policy_loss.loss_mode": "vanilla", ACTOR + "clip_ratio_low": s["epsilon"],
+                    ACTOR + "clip_ratio_high": epsilon_high})
+    options[ACTOR + "clip_ratio_c"] = s["dual_clip"] if s["dual_clip"] is not None else VERL_NO_DUAL_CLIP
+    if s["dual_clip"] is None:
+        differences.append("verl's vanilla loss always applies dual-clip (clip_ratio_c, default 3.0): 1e9 "
+                           "turns it off, since verl's ratio never exceeds e**20")
+    differences.append("verl clamps the log-ratio to [-20, 20] before exp()")
+
+
+def _verl_cispo(s, options, unmatched, differences):
+    options.update({ACTOR + "policy_loss.loss_mode": "cispo", ACTOR + "clip_ratio_high": s["epsilon_high"] - 1.0,
+                    ACTOR + "clip_ratio_low": 10.0})
+    differences.append("verl's cispo clamps the weight to [1 - clip_ratio_low, 1 + clip_ratio_high], relative "
+                       "and two-sided: the lab's absolute cap c is clip_ratio_high = c - 1 with no lower bound")
+
+
+def _verl_gspo(s, options, unmatched, differences):
+    options.update({ACTOR + "policy_loss.loss_mode": "gspo", ACTOR + "clip_ratio_low": s["epsilon"],
+                    ACTOR + "clip_ratio_high": s["epsilon_high"], ACTOR + "loss_agg_mode": "seq-mean-token-mean"})
+    differences.append("verl's gspo builds per-token ratios sg(s_i) * pi / sg(pi) (the same value and "
+                       "gradient) and clamps the log-ratio at 10")
+
+
+def _verl_sapo(s, options, unmatched, differences):
+    options.update({ACTOR + "policy_loss.loss_mode": "sapo", ACTOR + "tau_pos": s["tau_pos"],
+                    ACTOR + "tau_neg": s["tau_neg"]})
+    if s["reduction"] != "sequence":
+        unmatched[f"reduction={s['reduction']}"] = ("verl's sapo reduces with seq-mean-token-mean whatever "
+                                                    "loss_agg_mode says (which still reduces its KL loss)")
+    differences.append("verl's SAPO reads actor.tau_pos / actor.tau_neg (its example puts them under "
+                       "policy_loss.*, where nothing reads them)")
+
+
+def _verl_unmapped(s, options, unmatched, differences):
+    unmatched[f"algorithm={s['algorithm']}"] = "no verl policy_loss.loss_mode is mapped to this loss"
+
+
+TRL_GROUP_LOSSES = {"grpo": _trl_grpo, "cispo": _trl_cispo, "gspo": _trl_gspo, "sapo": _trl_sapo}
+VERL_GROUP_LOSSES = {"grpo": _verl_grpo, "cispo": _verl_cispo, "gspo": _verl_gspo, "sapo": _verl_sapo}
+
+
 def _trl_group(s):
     """TRL's GRPOConfig (or RLOOConfig for --advantage rloo) for the GRPO family (grpo, cispo, gspo, sapo)."""
     options, _ = _common(s)
@@ -81,32 +174,7 @@ def _trl_group(s):
         if s["scale_rewards"] != "none":
             differences.append("TRL's group std is the unbiased one (divides by G - 1) with eps 1e-4; the lab's is "
                                "the population std (divides by G) with eps 1e-4")
-        if algorithm == "grpo":
-            options.update({"loss_type": GROUP_LOSS_TYPES[s["reduction"]], "epsilon": s["epsilon"],
-                            "epsilon_high": epsilon_high})
-            if s["dual_clip"] is not None and s["dual_clip"] >= 1.0 + epsilon_high:
-                options["delta"] = s["dual_clip"]
-                differences.append("TRL's delta caps the ratio itself (INTELLECT-2): for A < 0 the same bound as "
-                                   "dual-clip; for A > 0 the upper clip binds first, since delta >= 1 + epsilon_high")
-            elif s["dual_clip"] is not None:
-                unmatched["dual_clip"] = (f"TRL's delta caps the ratio for A > 0 too: below 1 + epsilon_high "
-                                          f"({1.0 + epsilon_high:g}) it clips tokens the lab's dual-clip keeps")
-        elif algorithm == "gspo":
-            options.update({"importance_sampling_level": "sequence", "loss_type": "grpo", "epsilon": s["epsilon"],
-                            "epsilon_high": s["epsilon_high"]})
-        else:
-            options["loss_type"] = algorithm
-            if algorithm == "cispo":
-                options["epsilon_high"] = s["epsilon_high"]
-                differences.append("TRL's cispo cap is absolute like the lab's; left unset, epsilon_high falls back "
-                                   "to epsilon (0.2), a cap below 1")
-            else:
-                options.update({"sapo_temperature_pos": s["tau_pos"], "sapo_temperature_neg": s["tau_neg"]})
-            own = "token" if algorithm == "cispo" else "sequence"
-            if s["reduction"] != own:
-                unmatched[f"reduction={s['reduction']}"] = (
-                    f"TRL's loss_type={algorithm!r} fixes its own reduction "
-                    f"({'token mean over the batch' if own == 'token' else 'per-sequence mean'})")
+        TRL_GROUP_LOSSES.get(algorithm, _trl_unmapped)(s, options, unmatched, differences)
         if s["reduction"] == "token" and algorithm in ("grpo", "cispo"):
             differences.append("TRL's 'dapo' and 'cispo' divide by the token count of the whole generation batch "
                                "(all processes and accumulation steps): with one batch, the lab's token mean")
@@ -164,33 +232,7 @@ def _verl_group(s):
         options[ACTOR + "loss_agg_mode"] = VERL_AGG_MODES[s["reduction"]]
         if s["reduction"] == "constant":
             options[ACTOR + "loss_scale_factor"] = s["max_new_tokens"]
-    if algorithm == "grpo":
-        epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
-        options.update({ACTOR + "policy_loss.loss_mode": "vanilla", ACTOR + "clip_ratio_low": s["epsilon"],
-                        ACTOR + "clip_ratio_high": epsilon_high})
-        options[ACTOR + "clip_ratio_c"] = s["dual_clip"] if s["dual_clip"] is not None else VERL_NO_DUAL_CLIP
-        if s["dual_clip"] is None:
-            differences.append("verl's vanilla loss always applies dual-clip (clip_ratio_c, default 3.0): 1e9 "
-                               "turns it off, since verl's ratio never exceeds e**20")
-        differences.append("verl clamps the log-ratio to [-20, 20] before exp()")
-    elif algorithm == "cispo":
-        options.update({ACTOR + "policy_loss.loss_mode": "cispo", ACTOR + "clip_ratio_high": s["epsilon_high"] - 1.0,
-                        ACTOR + "clip_ratio_low": 10.0})
-        differences.append("verl's cispo clamps the weight to [1 - clip_ratio_low, 1 + clip_ratio_high], relative "
-                           "and two-sided: the lab's absolute cap c is clip_ratio_high = c - 1 with no lower bound")
-    elif algorithm == "gspo":
-        options.update({ACTOR + "policy_loss.loss_mode": "gspo", ACTOR + "clip_ratio_low": s["epsilon"],
-                        ACTOR + "clip_ratio_high": s["epsilon_high"], ACTOR + "loss_agg_mode": "seq-mean-token-mean"})
-        differences.append("verl's gspo builds per-token ratios sg(s_i) * pi / sg(pi) (the same value and "
-                           "gradient) and clamps the log-ratio at 10")
-    else:
-        options.update({ACTOR + "policy_loss.loss_mode": "sapo", ACTOR + "tau_pos": s["tau_pos"],
-                        ACTOR + "tau_neg": s["tau_neg"]})
-        if s["reduction"] != "sequence":
-            unmatched[f"reduction={s['reduction']}"] = ("verl's sapo reduces with seq-mean-token-mean whatever "
-                                                        "loss_agg_mode says (which still reduces its KL loss)")
-        differences.append("verl's SAPO reads actor.tau_pos / actor.tau_neg (its example puts them under "
-                           "policy_loss.*, where nothing reads them)")
+    VERL_GROUP_LOSSES.get(algorithm, _verl_unmapped)(s, options, unmatched, differences)
     if s["kl_in"] == "loss":
         options.update({ACTOR + "use_kl_loss": s["beta"] > 0, ACTOR + "kl_loss_coef": s["beta"],
                         ACTOR + "kl_loss_type": VERL_KL_NAMES[s["kl_estimator"]], "algorithm.use_kl_in_reward": False})
