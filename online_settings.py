@@ -130,6 +130,10 @@ class OnlineConfig:
                                  "samples in a lower one than the trainer scores in", optional=True,
                                  choices=("float64", "float32", "bfloat16", "float16"), policies=("transformer",),
                                  default_text="--dtype")
+    position_ids: str = setting("mask", "how the trainer numbers the positions of a left-padded batch: from the "
+                                "attention mask (cumsum - 1, as the sampler does) or arange 0..T-1 in every row (the "
+                                "left-padding bug: a padded prompt's tokens get shifted positions)",
+                                choices=("mask", "arange"), policies=("transformer",))
     use_cache: bool = setting(True, "sample with the KV cache (--no-cache: a full forward pass per token; the same "
                               "samples)", flag="--no-cache", action="store_false", policies=("transformer",))
     sft_steps: int = setting(SFT_DEFAULTS["steps"], "Adam steps of the SFT warm start (0: start from the random "

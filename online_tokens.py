@@ -357,10 +357,11 @@ def solution_batch(task, prompts, max_new_tokens):
 
 def success_by_prompt(policy, solutions):
     """(P,) exact p(a correct response) of each prompt of a solution_batch: the sum over its solutions of
-    the product of their token probabilities (teacher forcing, no sampling)."""
+    the product of their token probabilities (teacher forcing, no sampling), with the positions the
+    sampler uses (so that --position-ids arange measures the model as it answers, not as it is scored)."""
     owner, prompts, ids, real, reachable, count = solutions
     with torch.no_grad():
-        logps = logps_of_tokens(policy.logits(prompts, ids), ids)  # (M, L)
+        logps = logps_of_tokens(policy.logits(prompts, ids, positions="mask"), ids)  # (M, L): as it samples
         path = masked(masked(logps, real).sum(dim=1).exp(), reachable)  # (M, L) -> (M,)
         return torch.zeros(count, dtype=path.dtype).index_add_(0, owner, path)  # (M,) -> (P,)
 

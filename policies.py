@@ -118,10 +118,11 @@ class TablePolicy:
     def _next_logits(self, prompts, positions, previous, temperature):
         return self.table[prompts, positions, previous] / temperature  # (..., V)
 
-    def logits(self, prompts, completion_ids):
+    def logits(self, prompts, completion_ids, positions=None):
         """(N, R, V) tempered logits at every completion position, given the tokens before it (teacher forcing).
 
-        prompts (N,) int64; completion_ids (N, L) int64 with L <= R."""
+        prompts (N,) int64; completion_ids (N, L) int64 with L <= R. positions: unused (a table indexes the
+        position itself; see TransformerPolicy.logits)."""
         count, length = completion_ids.shape
         positions = torch.arange(length, device=DEVICE).expand(count, length)  # (L,) -> (N, L)
         previous = previous_tokens(completion_ids, self.bos_state)
@@ -233,10 +234,11 @@ class TransformerPolicy:
                    "pre-LayerNorm blocks, warm-started by supervised fine-tuning on the task's demonstrations")
     exact = False  # evaluated exactly on a fixed draw of prompts; its KL to the reference estimated on batches
 
-    def __init__(self, model, task, temperature, max_new_tokens, sampler_dtype=None, use_cache=True):
+    def __init__(self, model, task, temperature, max_new_tokens, sampler_dtype=None, use_cache=True,
+                 position_ids="mask"):
         self.model, self.task, self.temperature = model, task, temperature
         self.max_new_tokens, self.sampler_dtype, self.use_cache = max_new_tokens, sampler_dtype, use_cache
-        self._prompts = {}  # prompt index -> its token ids (the task's text does not change)
+        self.position_ids = position_ids  # how the trainer numbers positions: "mask" (right) or "arange" (the bug)
 
     def parameters(self):
         return list(self.model.parameters())
@@ -245,7 +247,7 @@ class TransformerPolicy:
         """A frozen copy (no gradient, eval mode)."""
         model = copy.deepcopy(self.model).eval().requires_grad_(False)
         return TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
-                                 self.use_cache)
+                                 self.use_cache, self.position_ids)
 
     def prompt_batch(self, prompts):
         """(N, P) int64 prompt tokens left-padded with PAD and their (N, P) int64 attention mask: the
@@ -274,16 +276,25 @@ class TransformerPolicy:
         real[:, :sampled] = out.completion_mask[:, width:].bool()
         return Samples(completion_ids, real, out.truncated, out.log_probs)
 
-    def logits(self, prompts, completion_ids):
+    def logits(self, prompts, completion_ids, positions=None):
         """(N, R, V) tempered logits at every completion position, from one forward pass over prompt and
         completion: row t is predicted from the hidden state of the token before completion token t.
-        Tokens after a response's EOS are attended to only by later positions, which no loss counts."""
+        Tokens after a response's EOS are attended to only by later positions, which no loss counts.
+        positions: how to number the positions, "mask" (cumsum of the attention mask - 1: a left-padded
+        prompt's first real token is position 0, as the sampler numbers them) or "arange" (0..T-1 in
+        every row: the left-padding bug); None is the trainer's own setting."""
         ids, mask = self.prompt_batch(prompts)
         width, length = ids.shape[1], completion_ids.shape[1]
         sequences = torch.cat([ids, completion_ids], dim=1)  # (N, P + R)
         attention = torch.cat([mask, torch.ones_like(completion_ids)], dim=1)
-        logits = self.model(sequences, attention)  # (N, P + R, V)
+        logits = self.model(sequences, attention, self._position_ids(attention, positions))  # (N, P + R, V)
         return logits[:, width - 1: width - 1 + length] / self.temperature  # (N, R, V)
+
+    def _position_ids(self, attention, positions=None):
+        """None (the model numbers positions from the mask) or the bug's arange positions (N, T)."""
+        if (positions or self.position_ids) == "mask":
+            return None
+        return torch.arange(attention.shape[1]).expand_as(attention)  # (T,) -> (N, T): ignores the padding
 
     def critic(self, cap_value):
         return TransformerCritic(self)
@@ -323,7 +334,8 @@ class TransformerCritic:
         ids, mask = self.policy.prompt_batch(prompts)
         width, length = ids.shape[1], completion_ids.shape[1]
         sequences = torch.cat([ids, completion_ids], dim=1)
-        values = self.model.values(sequences, torch.cat([mask, torch.ones_like(completion_ids)], dim=1))  # (N, P + R)
+        attention = torch.cat([mask, torch.ones_like(completion_ids)], dim=1)
+        values = self.model.values(sequences, attention, self.policy._position_ids(attention))  # (N, P + R)
         return values[:, width - 1: width - 1 + length], values[:, -1]
 
 
@@ -345,7 +357,8 @@ def build_transformer(cfg, task, progress=None):
     model, _, _ = sft.load_or_train(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder, progress=progress)
     model = model.to(DTYPES[cfg.dtype])
     sampler_dtype = None if cfg.sampler_dtype is None else DTYPES[cfg.sampler_dtype]
-    return TransformerPolicy(model, task, cfg.temperature, cfg.max_new_tokens, sampler_dtype, cfg.use_cache)
+    return TransformerPolicy(model, task, cfg.temperature, cfg.max_new_tokens, sampler_dtype, cfg.use_cache,
+                             cfg.position_ids)
 
 
 POLICIES = {"table": build_table, "transformer": build_transformer}
