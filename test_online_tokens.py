@@ -704,6 +704,19 @@ class TransformerRuns(unittest.TestCase):
         self.assertGreater(differences[("float32", "bfloat16")], differences[("float32", "float16")])
         self.assertGreater(differences[("float32", "float16")], 10 * differences[("float32", None)])
 
+    def test_arange_positions_on_left_padded_prompts_are_a_sampler_trainer_mismatch(self):
+        right = online_tokens.rollout(online_tokens.setup(dtype="float64", **self.small))
+        bug = online_tokens.rollout(online_tokens.setup(dtype="float64", position_ids="arange", **self.small))
+        self.assertTrue(torch.equal(right.completion_ids, bug.completion_ids))  # the sampler is the same
+        padded = torch.tensor([len(tokens) < 9 for tokens in TASK_COUNTDOWN.prompt_tokens(bug.prompts)])
+        kept = bug.mask.bool()
+        difference = (bug.sampler_logps - bug.old_logps).abs()
+        torch.testing.assert_close(right.sampler_logps[kept], right.old_logps[kept], rtol=0, atol=1e-12)
+        self.assertTrue(bool(padded.any()) and bool((~padded).any()))
+        # only the prompts that were padded (a one-digit target: 8 tokens, not 9) are scored wrongly
+        self.assertGreater(difference[padded.unsqueeze(1) & kept].max().item(), 1e-3)
+        self.assertLess(difference[~padded.unsqueeze(1) & kept].max().item(), 1e-12)
+
     def test_the_kv_cache_draws_the_same_responses_as_full_forward_passes(self):
         batches = []
         for use_cache in (True, False):
