@@ -808,19 +808,19 @@ def _kl_estimators():
     return Experiment(
         "kl-estimators", "k1/k2/k3: bias and spread of each value, and which KL each expected gradient follows",
         "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477",
-        "k1 and k3 are unbiased for KL(pi||ref), k2 is not; as loss terms, E[grad k1] = 0, E[grad k2] = "
-        "grad KL(pi||ref), E[grad k3] = grad KL(ref||pi). k3 spreads less than k1 near the reference only. "
+        "k1 and k3 are unbiased for KL(pi‖ref), k2 is not; as loss terms, E[grad k1] = 0, E[grad k2] = "
+        "grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi). k3 spreads less than k1 near the reference only. "
         "Computed exactly by enumeration on 6-way categoricals, near (logits scaled 0.3) and far (1.5).",
         [({"distance": distance}, "run_kl_estimators", {"distance": distance}) for distance in ("near", "far")],
         [f"{name}_{stat}" for name in ("k1", "k2", "k3") for stat in (
             "relative_bias", "relative_std", "grad_error_forward_kl", "grad_error_reverse_kl")],
         claims=[
-            Claim("k1 and k3 are unbiased for KL(pi||ref): relative bias below 1e-12, near and far",
+            Claim("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
                   lambda runs: all(abs(runs[c][f"{k}_relative_bias"]) < 1e-12 for c in both for k in ("k1", "k3"))),
             Claim("k2 is biased: relative bias above 1e-3 in size, near and far",
                   lambda runs: all(abs(runs[c]["k2_relative_bias"]) > 1e-3 for c in both)),
-            Claim("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi||ref), E[grad k3] = grad KL(ref||pi) "
-                  "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi||ref) (above 1e-3), near and far",
+            Claim("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
+                  "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi‖ref) (above 1e-3), near and far",
                   lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_forward_kl"] < 1e-12
                                    and runs[c]["k3_grad_error_reverse_kl"] < 1e-12
                                    and runs[c]["k3_grad_error_forward_kl"] > 1e-3 for c in both)),
@@ -834,13 +834,13 @@ def _kl_estimators():
         ],
         figure={"panels": [
             {"kind": "values", "metrics": ["k1_relative_bias", "k2_relative_bias", "k3_relative_bias"],
-             "title": "bias of the value, relative to KL(pi||ref)", "ylabel": "(E[k] - KL) / KL"},
+             "title": "bias of the value, relative to KL(pi‖ref)", "ylabel": "(E[k] - KL) / KL"},
             {"kind": "values", "metrics": ["k1_relative_std", "k2_relative_std", "k3_relative_std"],
-             "title": "per-sample std, relative to KL(pi||ref)", "ylabel": "std(k) / KL"},
+             "title": "per-sample std, relative to KL(pi‖ref)", "ylabel": "std(k) / KL"},
             {"kind": "values", "metrics": [f"{k}_grad_error_forward_kl" for k in ("k1", "k2", "k3")],
-             "title": "E[grad k] against grad KL(pi||ref)", "ylabel": "relative error"},
+             "title": "E[grad k] against grad KL(pi‖ref)", "ylabel": "relative error"},
             {"kind": "values", "metrics": [f"{k}_grad_error_reverse_kl" for k in ("k1", "k2", "k3")],
-             "title": "E[grad k] against grad KL(ref||pi)", "ylabel": "relative error"}]},
+             "title": "E[grad k] against grad KL(ref‖pi)", "ylabel": "relative error"}]},
         cost=0.01,
     )
 
@@ -856,25 +856,26 @@ def _reduction_length_bias():
         "Dr. GRPO, arXiv 2503.20783, sec. 3.1",
         "Dividing each response's loss by its own length lets long wrong answers lose less per token, so wrong "
         "answers grow longer under the per-sequence mean; the token mean and the constant do not favour length. "
-        "Measured with --max-new-tokens 10 by the exact E[length | wrong] of the policy (no sampling noise).",
+        "Measured with --max-new-tokens 10 by the exact expected length of the policy's wrong answers (no "
+        "sampling noise).",
         [_online({"reduction": reduction}, ("success_probability",), exact_curve=("wrong_length",),
                  reduction=reduction, max_new_tokens=10) for reduction in rl_lab.REDUCTIONS],
         ["exact_wrong_length", "mean_wrong_length", "mean_correct_length", "final_success_probability",
          "iterations_to_0.9"],
         ("exact_wrong_length", "success_probability"),
         claims=[
-            Claim("Under the sequence mean, wrong answers are longer than under the token mean (exact E[length | "
-                  "wrong], last 10 iterations)",
+            Claim("Under the sequence mean, wrong answers are longer than under the token mean (their exact "
+                  "expected length, last 10 iterations)",
                   difference("exact_wrong_length", sequence, token), "greater", 0.8, note=note),
             Claim("... and longer than under the constant (Dr. GRPO's fix)",
                   difference("exact_wrong_length", sequence, constant), "greater", 0.8),
         ],
         figure={"panels": [
-            {"kind": "curves", "columns": ["exact_wrong_length"], "title": "E[length | wrong], exact",
+            {"kind": "curves", "columns": ["exact_wrong_length"], "title": "expected length of a wrong answer, exact",
              "ylabel": "tokens (EOS included)"},
             {"kind": "curves", "columns": ["success_probability"], "title": "exact success probability",
              "ylabel": "p(correct)"},
-            {"kind": "claim", "claim": 0, "title": "sequence minus token mean, E[length | wrong] per seed",
+            {"kind": "claim", "claim": 0, "title": "sequence minus token mean: wrong-answer length per seed",
              "ylabel": "tokens"}]},
         cost=0.6,
     )
@@ -945,8 +946,8 @@ def _zero_variance():
          "measured_minus_predicted_z", "final_success_probability", "tokens_to_0.9", "responses_sampled"],
         ("zero_group_fraction", "predicted_zero_group_fraction", "success_probability"),
         claims=[
-            Claim("The exact prediction matches the measured share up to sampling noise: |measured - predicted| "
-                  "below 3 of its standard errors (exact, from the predicted probabilities) for every G",
+            Claim("The exact prediction matches the measured share up to sampling noise: the two differ by less "
+                  "than 3 standard errors (exact, from the predicted probabilities) at every G",
                   lambda runs: all(abs(runs[c]["measured_minus_predicted_z"]) < 3 for c in static)),
             Claim("... without a bias: measured minus predicted, in standard errors and averaged over the four G, "
                   "lies within +-1", lambda runs: math.fsum(runs[c]["measured_minus_predicted_z"] for c in static)
@@ -1128,7 +1129,7 @@ def _sampler_mismatch():
         ],
         figure={"color_by": ["sampler"], "panels": [
             {"kind": "values", "metrics": ["gradient_bias", "gradient_bias_tis"], "where": {"beta": 0.02, "tis": False},
-             "title": "expected-gradient bias without / with TIS", "ylabel": "||E[g] - grad J|| / ||grad J||"},
+             "title": "expected-gradient bias without / with TIS", "ylabel": "‖E[g] - grad J‖ / ‖grad J‖"},
             {"kind": "curves", "columns": ["success_probability"],
              "where": {"beta": 0.02, "sampler": ["same", "temperature 1.5"]},
              "title": "temperature 1.5, KL penalty beta 0.02", "ylabel": "exact success"},
@@ -1213,18 +1214,19 @@ def _grpo2_vs_dpo():
 def _four_algorithms():
     def reaches(algorithm):
         configuration = C({"algorithm": algorithm})
-        note = ("PPO gets stuck on some seeds: one prompt ends with its success near 0 (stuck_prompts), its "
-                "sampled answers all score alike, so its reward carries no signal and only the KL penalty moves "
-                "it. The count, with its interval, is how often over these seeds." if algorithm == "ppo" else "")
-        return Claim(f"{algorithm.upper()} reaches exact success 0.9 in",
-                     lambda runs: runs[configuration]["iterations_to_0.9"] is not None, note=note)
+        return Claim(f"{algorithm.upper()} reaches exact success 0.9",
+                     lambda runs: runs[configuration]["iterations_to_0.9"] is not None,
+                     note="A run that never reaches 0.9 ends with one prompt stuck near 0 success (stuck_prompts): "
+                          "its sampled answers all score alike, so its reward carries no signal and only the KL "
+                          "penalty moves it. The share, with its interval, is how often over these seeds; a rare "
+                          "failure can be absent from one set of 20 seeds and present in the next.")
 
     return Experiment(
         "four-algorithms", "PPO, DPO, GRPO, CISPO on the token task at one budget (B*G responses per iteration)",
         "the article this lab accompanies; InstructGPT, arXiv 2203.02155; DPO, arXiv 2305.18290",
         "At the same responses per iteration the four learn the task in most seeds; PPO's critic gives per-token "
-        "credit, DPO uses only the best and worst response per prompt. PPO ends stuck below 0.9 on some seeds "
-        "(one prompt never answered right); the count over 20 seeds says how often.",
+        "credit, DPO uses only the best and worst response per prompt. A few seeds end stuck below 0.9, one "
+        "prompt never answered right, PPO the most often; the counts over 20 seeds say how often.",
         [_online({"algorithm": algorithm}, ONLINE_CURVE, algorithm=algorithm)
          for algorithm in online_tokens.FOUR_ALGORITHMS],
         ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "stuck_prompts", "kl_reference",
