@@ -1,18 +1,33 @@
 """The phenomena atlas: the lab's claims and the field's known effects, each a named experiment run over
-seeds, written as tables and a figure.
+seeds, its claims checked against every seed, written as tables, verdicts and a figure.
 
     python experiments.py --list                      # the experiments, one line each
     python experiments.py kl-estimators               # one experiment -> results-experiments/kl-estimators/
     python experiments.py all                         # every experiment (a few minutes on 2 cores)
-    python experiments.py zero-variance --seeds 10 --jobs 2
+    python experiments.py all --seed-start 100        # the same claims on seeds nobody looked at
+    python experiments.py zero-variance --seeds 10 --jobs 2 --quick
 
 Each experiment runs the drivers' Python APIs in this process's workers (no shelling out) over seeds
-0..N-1 and writes results-experiments/<name>/: runs.csv (one row per run: configuration, seed,
-metrics), curves.csv (per-iteration values of each run, where the experiment has curves),
-summary.csv and summary.md (per configuration, each metric's mean, std over seeds, min and max),
-settings.json (the claim, its source, the commands, every run's options) and figure.svg (drawn by
-plot_results.py from those files). Runs are spread over --jobs worker processes, each running torch
-single-threaded; the files do not depend on --jobs, and the same seeds give the same bytes.
+S..S+N-1 (--seed-start S, default 0; --seeds N, default the experiment's own, 5 for most) and writes
+results-experiments/<name>/: runs.csv (one row per run: configuration, seed, metrics; an empty cell is
+a target never reached), curves.csv (per-iteration values of each run, where the experiment has curves),
+summary.csv and summary.md (per configuration, each metric's mean, std over seeds, min and max, over the
+runs that have a value, and how many never reached the target; then each claim's verdict), settings.json
+(the claims with their verdicts and per-seed values, the source, the command, every run's options) and
+figure.svg (drawn by plot_results.py from those files). Runs are spread over --jobs worker processes,
+each running torch single-threaded; the files do not depend on --jobs, and the same seeds give the same
+bytes.
+
+A claim is a check over the per-seed results (`Claim`): a property counted over seeds ("count": holds
+when enough seeds show it), a paired difference between configurations that share seeds ("greater":
+holds when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does
+not hold when the same is true the other way; within noise otherwise), an equivalence ("within": the
+interval lies inside +-margin), or an exact identity computed without seeds ("exact").
+
+A new experiment is one `Experiment` entry in `experiments()` (its configurations name a runner of
+RUNNERS and its options), plus a runner when no existing one measures what it needs. Its `quick`
+options shrink every run for tests and --quick (default: a few iterations of a training runner), and
+its `cost` (seconds per run) orders the work and the ETA.
 """
 
 from __future__ import annotations
@@ -22,6 +37,8 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
 
     exit_quietly_on_signals()
 
+import itertools  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import multiprocessing  # noqa: E402
 import multiprocessing.connection  # noqa: E402
@@ -30,14 +47,14 @@ import signal  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import online_tokens  # noqa: E402
 import ppo_chain  # noqa: E402
-from policies import logps_of_tokens  # noqa: E402
+from policies import TablePolicy, logps_of_tokens, nucleus  # noqa: E402
 import rl_lab  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
@@ -55,7 +72,344 @@ from lab_io import (  # noqa: E402
 DTYPE = rl_lab.DTYPE
 TARGET = 0.9  # "learned": exact success probability (online) or best-action probability (bandit)
 LAST = 10  # iterations averaged for end-of-run statistics
+STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups mostly tie: no signal)
 DEFAULT_SEEDS = 5
+QUICK_STEPS = 4  # iterations of every training run at --quick (tests): the mechanism, not the effect
+# metrics that are the first iteration (or budget) at which a run reached TARGET: None when it never did
+TARGET_METRICS = ("iterations_to_0.9", "tokens_to_0.9", "steps_to_0.9", "actions_to_0.9")
+CONFIDENCE = 0.95
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile: Wilson's interval at 95%
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics over seeds: Student's t interval of a mean, Wilson's interval of a share
+# ---------------------------------------------------------------------------------------------
+
+
+def _t_coverage(theta, df):
+    """P(|T| <= sqrt(df) tan(theta)) for Student's t with integer df >= 1, in closed form (Abramowitz and
+    Stegun 26.7.3-4): a finite sum of powers of cos(theta), odd and even df apart."""
+    cos, sin = math.cos(theta), math.sin(theta)
+    if df % 2 == 1:
+        term, total = cos, cos if df > 1 else 0.0  # the sum cos + 2/3 cos^3 + (2*4)/(3*5) cos^5 + ...
+        for k in range(3, df - 1, 2):
+            term *= (k - 1) / k * cos * cos
+            total += term
+        return 2.0 / math.pi * (theta + sin * total)
+    term = total = 1.0  # the sum 1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ...
+    for k in range(2, df - 1, 2):
+        term *= (k - 1) / k * cos * cos
+        total += term
+    return sin * total
+
+
+def t_quantile(df, level=CONFIDENCE):
+    """The two-sided critical value t of Student's t with `df` degrees of freedom: P(|T| <= t) = level
+    (12.706 for df 1, 2.776 for df 4, 2.262 for df 9). Found by bisection on the closed-form coverage,
+    so no table and no scipy. Raises ValueError for df < 1 or level outside (0, 1)."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"df: expected an integer >= 1, got {df!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: expected a number in (0, 1), got {level!r}")
+    low, high = 0.0, math.pi / 2
+    for _ in range(200):  # the coverage rises with theta from 0 to 1
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if _t_coverage(middle, df) < level else (low, middle)
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
+def mean_interval(values, level=CONFIDENCE):
+    """(mean, low, high): the mean of `values` and its t-interval, mean -+ t * sample std / sqrt(n);
+    low and high are None for fewer than 2 values (no spread to estimate)."""
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return mean, None, None
+    half = t_quantile(len(values) - 1, level) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def wilson_interval(successes, trials):
+    """The 95% Wilson score interval (low, high) of a share `successes` of `trials` (Wilson 1927): unlike
+    k/n -+ 1.96 se it stays inside [0, 1] and is not empty at 0 of n."""
+    if trials == 0:
+        return None, None
+    share, z2 = successes / trials, Z_95 * Z_95
+    centre = (share + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = Z_95 / (1 + z2 / trials) * math.sqrt(share * (1 - share) / trials + z2 / (4 * trials * trials))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_differences(by_seed, metric, first, second):
+    """{seed: first's metric - second's} over the seeds where both configurations have a value (a target
+    metric is None for a run that never reached it: that seed is left out, not counted as -1)."""
+    differences = {}
+    for seed, runs in by_seed.items():
+        a, b = runs[first][metric], runs[second][metric]
+        if a is not None and b is not None:
+            differences[seed] = a - b
+    return differences
+
+
+def paired_comparison(by_seed, metric, first, second):
+    """The paired comparison of two configurations that share seeds: per-seed differences, their mean and
+    95% t-interval, how many seeds have each sign, and how many seeds were left out (no value)."""
+    differences = paired_differences(by_seed, metric, first, second)
+    values = list(differences.values())
+    mean, low, high = mean_interval(values) if values else (None, None, None)
+    return {"metric": metric, "first": first, "second": second, "seeds": len(values),
+            "left_out": len(by_seed) - len(values), "mean_difference": mean,
+            "interval": None if low is None else [low, high],
+            "first_greater": sum(value > 0 for value in values), "second_greater": sum(value < 0 for value in values),
+            "per_seed": [{"seed": seed, "difference": value} for seed, value in differences.items()]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims: a predicate over the per-seed results, and its verdict
+# ---------------------------------------------------------------------------------------------
+
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+CLAIM_TESTS = ("count", "greater", "within", "exact")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as a check. `value(runs)` gets one seed's results, {configuration: metrics}, and returns:
+
+    test "count":   a bool (the property holds in this seed); the claim holds when at least `at_least` of
+                    the seeds (a share, rounded up, at least 1) show it, else does not hold;
+    test "greater": a float claimed > 0 (a paired difference), or None when undefined in this seed (a
+                    target never reached); holds when at least `at_least` of the defined seeds are > 0
+                    and the 95% t-interval of the mean is above 0; does not hold when the same is true
+                    below 0; within noise otherwise;
+    test "within":  a float claimed inside +-margin; holds when the 95% interval lies inside it, does not
+                    hold when the interval lies wholly outside it, within noise otherwise;
+    test "exact":   value(None) is a bool computed without seeds (an identity of a table).
+
+    note: the cause, the ablation that tests it, or why a claim that does not hold is kept."""
+
+    text: str
+    value: object
+    test: str = "count"
+    at_least: float = 1.0
+    margin: float | None = None
+    note: str = ""
+
+
+def required_seeds(share, seeds):
+    """How many of `seeds` seeds a share asks for: rounded up, at least 1 (4 of 5 for 0.8)."""
+    return max(1, math.ceil(share * seeds - 1e-9))
+
+
+def check_claim(claim, by_seed):
+    """The verdict of `claim` over {seed: {configuration: metrics}}: a JSON-ready dict with the verdict,
+    the count it rests on ("4 of 5 seeds"), the mean and its 95% interval (for a count, the share and
+    Wilson's interval), and every seed's value."""
+    if claim.test not in CLAIM_TESTS:
+        raise ValueError(f"test: expected one of {', '.join(CLAIM_TESTS)}, got {claim.test!r}")
+    result = {"claim": claim.text, "test": claim.test}
+    if claim.test == "exact":
+        holds = bool(claim.value(None))
+        return {**result, "verdict": HOLDS if holds else FAILS, "needs": "exact", "count": "exact, no seeds",
+                "agree": None,
+                "seeds": 0, "required": None, "undefined": 0, "mean": None, "interval": None, "margin": None,
+                "per_seed": [], "note": claim.note}
+    values = {seed: claim.value(runs) for seed, runs in by_seed.items()}
+    defined = {seed: value for seed, value in values.items() if value is not None}
+    seeds = len(defined)
+    required = required_seeds(claim.at_least, seeds)
+    interval = None
+    if claim.test == "count":
+        agree = sum(bool(value) for value in defined.values())
+        verdict = HOLDS if agree >= required else FAILS
+        mean = agree / seeds if seeds else None
+        low, high = wilson_interval(agree, seeds)
+        interval = None if low is None else [low, high]
+        per_seed = [{"seed": seed, "value": bool(value)} for seed, value in defined.items()]
+    else:
+        numbers = list(defined.values())
+        mean, low, high = mean_interval(numbers) if numbers else (None, None, None)
+        interval = None if low is None else [low, high]
+        per_seed = [{"seed": seed, "value": value} for seed, value in defined.items()]
+        if claim.test == "greater":
+            agree, against = sum(value > 0 for value in numbers), sum(value < 0 for value in numbers)
+            if low is not None and agree >= required and low > 0:
+                verdict = HOLDS
+            elif low is not None and against >= required and high < 0:
+                verdict = FAILS
+            else:
+                verdict = NOISE
+        else:
+            margin = claim.margin
+            agree = sum(abs(value) < margin for value in numbers)
+            if low is not None and -margin < low and high < margin:
+                verdict = HOLDS
+            elif low is not None and (low >= margin or high <= -margin):
+                verdict = FAILS
+            else:
+                verdict = NOISE
+    count = f"{agree} of {seeds} seeds"
+    if claim.test == "count":
+        needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
+    elif claim.test == "greater":
+        needs = f"{required} of {seeds} above 0, interval above 0"
+    else:
+        needs = f"interval inside +-{claim.margin}"
+    return {**result, "verdict": verdict, "needs": needs, "count": count, "agree": agree, "seeds": seeds,
+            "required": required,
+            "undefined": len(values) - seeds, "mean": mean, "interval": interval, "margin": claim.margin,
+            "per_seed": per_seed, "note": claim.note}
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact quantities of a table policy: every response enumerated, no sampling
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Responses:
+    """Every response a table policy can write to every prompt, with its reward: prompts (M,) int64
+    (prompt-major), completion_ids (M, R) int64 (PAD after the first EOS), real (M, R) bool (up to and
+    including the first EOS), truncated (M,) bool, rewards (M,) float64, lengths (M,) float64 (the real
+    tokens), prompt_count P. M = P * (sum_{k<R} (V-1)^k + (V-1)^R): 378 for the binary task at R = 5."""
+
+    prompts: torch.Tensor
+    completion_ids: torch.Tensor
+    real: torch.Tensor
+    truncated: torch.Tensor
+    rewards: torch.Tensor
+    lengths: torch.Tensor
+    prompt_count: int
+
+
+def all_responses(task, length):
+    """Every response of `task` in at most `length` tokens to each train prompt (see `Responses`): k
+    non-EOS tokens then EOS for k < length, and every `length` non-EOS tokens (truncated)."""
+    words = [token for token in range(len(task.vocab)) if token != task.eos_id]
+    bodies = [(list(body) + [task.eos_id], False) for k in range(length) for body in itertools.product(words, repeat=k)]
+    bodies += [(list(body), True) for body in itertools.product(words, repeat=length)]
+    ids = torch.full((len(bodies), length), task.pad_id, dtype=torch.long)
+    real = torch.zeros(len(bodies), length, dtype=torch.bool)
+    for row, (tokens, _) in enumerate(bodies):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        real[row, : len(tokens)] = True
+    truncated = torch.tensor([cut for _, cut in bodies])
+    prompt_count = task.prompt_count("train")
+    prompts = torch.arange(prompt_count).repeat_interleave(len(bodies))  # (P,) -> (P*M,), prompt-major
+    ids, real, truncated = ids.repeat(prompt_count, 1), real.repeat(prompt_count, 1), truncated.repeat(prompt_count)
+    rewards = task.rewards(prompts, ids, real, truncated)
+    return Responses(prompts, ids, real, truncated, rewards, real.sum(dim=1).to(DTYPE), prompt_count)
+
+
+def token_logps(table, responses, temperature, top_p=None):
+    """(M, R) log-prob of each token of every response under the table tempered by `temperature` (and
+    restricted to the top-p nucleus, as a sampler draws), 0 past each response's end; a token outside the
+    nucleus has -inf (that response is never drawn)."""
+    logits = TablePolicy(table, temperature, None).logits(responses.prompts, responses.completion_ids)  # (M, R, V)
+    if top_p is None:
+        logps = logps_of_tokens(logits, responses.completion_ids)
+    else:
+        probs = nucleus(torch.softmax(logits, dim=-1).reshape(-1, logits.shape[-1]), top_p)  # (M*R, V)
+        chosen = probs.reshape(logits.shape).gather(-1, responses.completion_ids.unsqueeze(-1)).squeeze(-1)
+        logps = chosen.log()  # (M, R, 1) -> (M, R)
+    return torch.where(responses.real, logps, torch.zeros_like(logps))
+
+
+def response_probabilities(state, responses):
+    """(M,) exact probability of each enumerated response under the run's current policy."""
+    with torch.no_grad():
+        return token_logps(state.policy.table.detach(), responses, state.cfg.temperature).sum(dim=1).exp()
+
+
+REWARD_CLASSES = (0.0, 0.25, 1.0)  # the binary task's rewards: wrong, partial credit, correct
+
+
+def reward_distribution(state, responses=None):
+    """(P, 3) exact probabilities of the rewards 0, 0.25 and 1 for each prompt under the run's current
+    table policy, summed over every response (`all_responses`)."""
+    responses = all_responses(state.task, state.cfg.max_new_tokens) if responses is None else responses
+    probabilities = response_probabilities(state, responses)
+    distribution = torch.zeros(responses.prompt_count, len(REWARD_CLASSES), dtype=DTYPE)
+    for index, reward in enumerate(REWARD_CLASSES):
+        hits = responses.rewards == reward
+        distribution[:, index].index_add_(0, responses.prompts[hits], probabilities[hits])
+    return distribution
+
+
+def expected_lengths(policy):
+    """(P,) exact E[length] of each prompt's response under a table policy (tokens, EOS included): the sum
+    over positions of the probability that the response is still running there, by the chain rule over
+    the table's (position, previous token) states, as TablePolicy.response_kl walks them."""
+    with torch.no_grad():
+        probs = torch.softmax(policy.table.detach() / policy.temperature, dim=-1)  # (P, R, S, V)
+        prompts, length, states, vocab = probs.shape
+        reach = torch.zeros(prompts, states, dtype=probs.dtype)  # (P, S): p(running, previous token = s)
+        reach[:, policy.bos_state] = 1.0
+        total = torch.zeros(prompts, dtype=probs.dtype)
+        for position in range(length):
+            total = total + reach.sum(dim=1)  # a running response writes one token here
+            flow = (reach.unsqueeze(-1) * probs[:, position]).sum(dim=1)  # (P, S, V) -> (P, V): p(next token)
+            reach = torch.zeros_like(reach)
+            reach[:, :vocab] = flow
+            reach[:, policy.eos_id] = 0.0  # an EOS ends the response
+        return total
+
+
+def expected_wrong_length(state):
+    """E[length | not correct] for a prompt drawn uniformly: the exact mean length (tokens, EOS included)
+    of the answers that are not correct (partial credit included), under the run's current policy. What
+    a sampled mean_wrong_length estimates, without its noise and without its gaps where a batch held no
+    wrong answer. None when every answer is correct."""
+    owner, prompts, ids, real, reachable, count = state.evaluation["train"]
+    with torch.no_grad():
+        logps = logps_of_tokens(state.policy.logits(prompts, ids), ids)  # (M, L) the correct answers
+        path = torch.where(reachable, torch.where(real, logps, torch.zeros_like(logps)).sum(dim=1).exp(),
+                           torch.zeros(ids.shape[0], dtype=logps.dtype))  # (M,)
+        correct_mass = path.sum()
+        correct_tokens = (path * real.sum(dim=1)).sum()
+        wrong_mass = count - correct_mass
+        wrong_tokens = expected_lengths(state.policy).sum() - correct_tokens
+    return (wrong_tokens / wrong_mass).item() if wrong_mass > 0 else None
+
+
+def expected_policy_gradients(table, responses, temperature, sampler_temperature=None, top_p=None, tis_cap=None):
+    """(grad J, E_q[g]): the exact gradient of the expected reward and the exact expectation of its
+    estimate when responses are drawn by a sampler q that may differ from the trainer p (another
+    temperature, top-p), with or without truncated importance weights min(p_t / q_t, cap) per token (Yao et
+    al. 2025). Both (P, R, S, V), like the table; every response enumerated, nothing sampled.
+
+    J(theta) = mean over prompts of sum_y p_theta(y) R(y). The estimate from one response y ~ q is
+    g = sum_t w_t (R(y) - b) grad log p_theta(y_t | y_<t): the policy term that GRPO's loss reduces to at
+    ratio 1 (before its length and std normalization), with b = E_q[R] of the prompt (what a group mean
+    estimates). With q = p and w = 1, E_q[g] = grad J exactly (b drops out: sum_y grad p_theta(y) = 0).
+    table: the trainer's logits (detached inside); temperature: the trainer's."""
+    table = table.detach().clone().requires_grad_(True)
+    logps = token_logps(table, responses, temperature)  # (M, R), with grad
+    prompts = responses.prompt_count
+    objective = (logps.sum(dim=1).exp() * responses.rewards).sum() / prompts
+    (exact,) = torch.autograd.grad(objective, table, retain_graph=True)  # logps serve the estimate too
+    with torch.no_grad():
+        sampler_logps = token_logps(table, responses, sampler_temperature or temperature, top_p)  # (M, R)
+        drawn = torch.isfinite(sampler_logps)  # False for a token outside the nucleus: never drawn
+        q = sampler_logps.sum(dim=1).exp()  # (M,) 0 for a response that holds such a token
+        baseline = torch.zeros(prompts, dtype=DTYPE).index_add_(0, responses.prompts, q * responses.rewards)
+        advantages = responses.rewards - baseline[responses.prompts]  # (M,)
+        weights = torch.ones_like(sampler_logps)
+        if tis_cap is not None:
+            safe = torch.where(drawn, sampler_logps, torch.zeros_like(sampler_logps))
+            weights = (logps.detach() - safe).exp().clamp(max=tis_cap)
+        weights = torch.where(responses.real & drawn, weights, torch.zeros_like(weights))
+    surrogate = (q * advantages * (weights * logps).sum(dim=1)).sum() / prompts
+    (estimated,) = torch.autograd.grad(surrogate, table)
+    return exact, estimated
+
+
+def policy_gradient_bias(table, responses, temperature, sampler_temperature=None, top_p=None, tis_cap=None):
+    """||E_q[g] - grad J|| / ||grad J|| of `expected_policy_gradients`: how far, relative to its size, the
+    expected policy-gradient estimate of a mismatched sampler is from the exact gradient (0 on-policy)."""
+    exact, estimated = expected_policy_gradients(table, responses, temperature, sampler_temperature, top_p, tis_cap)
+    return ((estimated - exact).norm() / exact.norm()).item()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,74 +418,96 @@ DEFAULT_SEEDS = 5
 
 
 def _first_step(rows, column, threshold):
-    return next((row["step"] for row in rows if row[column] >= threshold), -1)
-
-
-def _tail_mean(rows, column, positive_only=False):
-    tail = rows[-LAST:]
-    values = [row[column] for row in tail if not positive_only or row[column] > 0]
-    return math.fsum(values) / len(values) if values else 0.0
+    return next((row["step"] for row in rows if row[column] >= threshold), None)
 
 
 def online_metrics(rows):
-    """End-of-run statistics of an online run (online_tokens.run_summary; -1: never reached 0.9)."""
-    return {name: -1 if value is None else value for name, value in online_tokens.run_summary(rows).items()}
+    """End-of-run statistics of an online run (online_tokens.run_summary; None: never reached 0.9)."""
+    return dict(online_tokens.run_summary(rows))
 
 
-def run_online(seed, curve=(), **options):
-    """One online_tokens run: metrics and, for the columns in `curve`, a per-iteration curve."""
-    rows, _ = online_tokens.train(seed=seed, **options)
-    return {"metrics": online_metrics(rows),
-            "curve": [{"step": row["step"], **{name: row[name] for name in curve}} for row in rows]}
+def end_of_run(state, responses):
+    """What the policy ends with, per prompt, exactly: how many prompts are stuck (success below STUCK),
+    how many of them on a partial-credit answer (a truncated response that starts right: p(0.25) above
+    1/2), and the worst prompt's success."""
+    success = online_tokens.success_by_prompt(state.policy, state.evaluation["train"])
+    partial = reward_distribution(state, responses)[:, REWARD_CLASSES.index(state.task.reward_partial)]
+    return {"stuck_prompts": int((success < STUCK).sum().item()),
+            "partial_stuck_prompts": int(((success < STUCK) & (partial > 0.5)).sum().item()),
+            "worst_prompt_success": success.min().item()}
 
 
-def reward_distribution(state):
-    """(P, 3) exact probabilities of the rewards 0, 0.25 and 1 for each prompt under the run's current
-    table policy, by walking every response (at most 2**R + 2**R - 1 of them) through the tempered table."""
-    task, table = state.task, state.policy.table.detach()
-    logp = torch.log_softmax(table / state.cfg.temperature, dim=-1)  # (P, R, S, V)
-    prompts, length = table.shape[0], table.shape[1]
-    bos_state = state.policy.bos_state
-    distribution = torch.zeros(prompts, 3, dtype=DTYPE)
-    for prompt in range(prompts):
-        stack = [([], 0.0)]  # (tokens so far, log-prob)
-        while stack:
-            tokens, lp = stack.pop()
-            position = len(tokens)
-            previous = tokens[-1] if tokens else bos_state
-            for token in range(len(task.vocab)):
-                step_lp = lp + logp[prompt, position, previous, token].item()
-                if token == task.eos_id:
-                    reward = task.verify(prompt, tokens + [token], False)
-                elif position + 1 == length:
-                    reward = task.verify(prompt, tokens + [token], True)
-                else:
-                    stack.append((tokens + [token], step_lp))
-                    continue
-                distribution[prompt, {0.0: 0, 0.25: 1, 1.0: 2}[reward]] += math.exp(step_lp)
-    return distribution
+# columns that hold a value at row 0 (the initial evaluation, before anything is sampled): the exact
+# evaluation after each update, and the budget; the others describe a sampled batch, so row 0 has none
+AT_START = ("success_probability", "test_success_probability", "kl_reference", "expected_reward",
+            "best_action_probability", "expected_return", "left_probability", "total_tokens_sampled")
+
+
+def run_online(seed, curve=(), exact_curve=(), **options):
+    """One online_tokens run (any policy: the table, or the transformer with policy="transformer"):
+    metrics (online_tokens.run_summary, plus the final test success where the task has a test split),
+    and for the columns in `curve` a per-iteration curve (None where a row has no value: a sampled column
+    at row 0, a length of answers the batch did not hold). A table policy also gets its end-of-run state
+    of each prompt (`end_of_run`); exact_curve ("wrong_length",), a table only, adds E[length | wrong]
+    after every update, exactly."""
+    state = online_tokens.setup(seed=seed, **options)
+    if exact_curve and not state.policy.exact:
+        raise ValueError("exact_curve: needs a policy evaluated exactly (the table)")
+    exact = [{"exact_wrong_length": expected_wrong_length(state)}] if exact_curve else []  # row 0: the start
+
+    def observe(state, batch, credit, row):
+        exact.append({"exact_wrong_length": expected_wrong_length(state)})
+
+    rows, _ = online_tokens.run(state, observe=observe if exact_curve else None)
+    metrics = online_metrics(rows)
+    if "test_success_probability" in rows[-1]:
+        metrics["final_test_success_probability"] = rows[-1]["test_success_probability"]
+    if state.policy.exact:  # every response of a table enumerates in milliseconds; a transformer's cannot
+        metrics.update(end_of_run(state, all_responses(state.task, state.cfg.max_new_tokens)))
+    if exact_curve:
+        tail = [point["exact_wrong_length"] for point in exact[-LAST:] if point["exact_wrong_length"] is not None]
+        metrics["exact_wrong_length"] = math.fsum(tail) / len(tail) if tail else None
+    points = []
+    for index, row in enumerate(rows):
+        point = {"step": row["step"]}
+        for name in curve:
+            empty = name in ("mean_correct_length", "mean_wrong_length") and row[name] == 0
+            point[name] = None if empty or (index == 0 and name not in AT_START) else row[name]
+        if exact_curve:
+            point["exact_wrong_length"] = exact[index]["exact_wrong_length"]
+        points.append(point)
+    return {"metrics": metrics, "curve": points}
 
 
 def run_zero_variance(seed, **options):
     """An online run that also predicts each batch's share of zero-variance groups from the exact
-    reward distribution of the policy that sampled it: per group, sum over reward values v of q_v ** G."""
+    reward distribution of the policy that sampled it: group g ties with probability
+    p_g = sum over reward values v of q_v ** G. Given the policies, the measured share over the run is a
+    mean of independent Bernoulli(p_g), so its standard error is exact too, sqrt(sum_t sum_g p_g (1 - p_g)
+    / B^2) / T: measured_minus_predicted_z is the difference in those units (with dynamic sampling the
+    kept groups are not the drawn ones, and the prediction describes the first draw only)."""
     state = online_tokens.setup(seed=seed, **options)
+    responses = all_responses(state.task, state.cfg.max_new_tokens)
     group_size = state.cfg.group_size
-    previous = {"q": reward_distribution(state)}
-    curve = []
+    previous = {"q": reward_distribution(state, responses)}
+    curve, variances = [], []
 
     def observe(state, batch, credit, row):
-        prompts = batch.prompts.reshape(-1, group_size)[:, 0]  # (B,) one per group
-        predicted = (previous["q"][prompts] ** group_size).sum(dim=1).mean().item()
+        prompts = batch.prompts.reshape(-1, group_size)[:, 0]  # (B*G,) -> (B,) one per group
+        ties = (previous["q"][prompts] ** group_size).sum(dim=1)  # (B,) p_g
+        variances.append((ties * (1 - ties)).sum().item() / prompts.numel() ** 2)
         curve.append({"step": row["step"], "zero_group_fraction": row["zero_group_fraction"],
-                      "predicted_zero_group_fraction": predicted, "success_probability": row["success_probability"],
+                      "predicted_zero_group_fraction": ties.mean().item(),
+                      "success_probability": row["success_probability"],
                       "total_tokens_sampled": row["total_tokens_sampled"]})
-        previous["q"] = reward_distribution(state)
+        previous["q"] = reward_distribution(state, responses)
 
     rows, _ = online_tokens.run(state, observe=observe)
     metrics = online_metrics(rows)
     metrics["predicted_zero_group_fraction"] = math.fsum(item["predicted_zero_group_fraction"] for item in curve) / len(curve)
     metrics["measured_minus_predicted"] = metrics["zero_group_fraction"] - metrics["predicted_zero_group_fraction"]
+    error = math.sqrt(math.fsum(variances)) / len(curve)
+    metrics["measured_minus_predicted_z"] = metrics["measured_minus_predicted"] / error if error > 0 else 0.0
     return {"metrics": metrics, "curve": curve}
 
 
@@ -162,6 +538,35 @@ def run_std_scaling(seed, **options):
     return {"metrics": metrics, "curve": curve}
 
 
+def run_sampler_mismatch(seed, tis_cap_measured=2.0, **options):
+    """An online run whose sampler may differ from the trainer, that also measures after every update the
+    bias of the expected policy gradient under that sampler, without and with truncated importance
+    weights (cap `tis_cap_measured`), against the exact gradient (`policy_gradient_bias`), whatever the
+    run itself uses. Metrics: the run's, and each bias averaged over the run."""
+    state = online_tokens.setup(seed=seed, **options)
+    responses = all_responses(state.task, state.cfg.max_new_tokens)
+    cfg, curve = state.cfg, []
+
+    def bias(table, cap):
+        return policy_gradient_bias(table, responses, cfg.temperature, cfg.rollout_temperature, cfg.rollout_top_p, cap)
+
+    def point(step, success):  # the policy that samples the next batch
+        table = state.policy.table
+        return {"step": step, "success_probability": success, "gradient_bias": bias(table, None),
+                "gradient_bias_tis": bias(table, tis_cap_measured)}
+
+    def observe(state, batch, credit, row):
+        curve.append(point(row["step"], row["success_probability"]))
+
+    start = point(0, online_tokens.evaluate(state)["success_probability"])
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = {**online_metrics(rows), **end_of_run(state, responses)}
+    for name in ("gradient_bias", "gradient_bias_tis"):  # over the policies that sampled a batch
+        metrics[name] = math.fsum(item[name] for item in [start] + curve[:-1]) / len(curve)
+    curve.insert(0, start)
+    return {"metrics": metrics, "curve": curve}
+
+
 def run_bandit(seed, algorithm, curve=("expected_reward",), **options):
     rows, _ = rl_lab.train(algorithm, seed=seed, **options)
     last = rows[-1]
@@ -177,8 +582,10 @@ def run_bandit(seed, algorithm, curve=("expected_reward",), **options):
         metrics["dpo_training_loss"] = last["dpo_training_loss"]
         metrics["dpo_clean_loss"] = last["dpo_clean_loss"]
     reached = next((row for row in rows if row["best_action_probability"] >= TARGET), None)
-    metrics["actions_to_0.9"] = reached["sampled_actions"] if reached else -1
-    return {"metrics": metrics, "curve": [{"step": row["step"], **{name: row[name] for name in curve}} for row in rows]}
+    metrics["actions_to_0.9"] = reached["sampled_actions"] if reached else None
+    points = [{"step": row["step"], **{name: row[name] if index or name in AT_START else None for name in curve}}
+              for index, row in enumerate(rows)]
+    return {"metrics": metrics, "curve": points}
 
 
 def run_chain(seed, gae_lambda, steps=120):
@@ -212,7 +619,7 @@ def run_reward_shift(seed, algorithm, shift, steps):
         change = rl_lab.gae(flat + shift, zero, zero, done, done)[0] - rl_lab.gae(flat, zero, zero, done, done)[0]
     metrics["advantage_change"] = change.abs().max().item()
     return {"metrics": metrics, "curve": [{"step": row["step"], "best_action_probability": row["best_action_probability"],
-                                           "value_loss": row["value_loss"]} for row in rows]}
+                                           "value_loss": row["value_loss"] if row["step"] else None} for row in rows]}
 
 
 def _random_pair(seed, scale):
@@ -308,20 +715,12 @@ def run_microbatch(seed):
 
 EXPERIMENT_FILES = ("runs.csv", "curves.csv", "summary.csv", "summary.md", "settings.json", "figure.svg",
                     "gradient_weight_by_successes.csv")
-STEP_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_bandit", "run_reward_shift", "run_chain")
-
-
-def reduced(experiment, steps):
-    """A copy of `experiment` whose training runs take `steps` iterations (for quick tests of the mechanism)."""
-    configurations = [(label, runner, {**options, "steps": steps} if runner in STEP_RUNNERS else options)
-                      for label, runner, options in experiment.configurations]
-    return Experiment(experiment.name, experiment.summary, experiment.source, experiment.claim, configurations,
-                      experiment.metrics, experiment.curves, experiment.tables, experiment.figure)
-
-
+# runners that train for `steps` iterations: --quick (and the tests) shorten them
+STEP_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_sampler_mismatch", "run_bandit",
+                "run_reward_shift", "run_chain")
 RUNNERS = {function.__name__: function for function in (
-    run_online, run_zero_variance, run_std_scaling, run_bandit, run_chain, run_reward_shift, run_kl_estimators,
-    run_microbatch)}
+    run_online, run_zero_variance, run_std_scaling, run_sampler_mismatch, run_bandit, run_chain, run_reward_shift,
+    run_kl_estimators, run_microbatch)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,17 +730,52 @@ RUNNERS = {function.__name__: function for function in (
 
 @dataclass
 class Experiment:
-    """A named experiment: its claim and source, and the runs it needs per seed."""
+    """A named experiment: its claim and source, the runs it needs per seed, and its claims as checks.
+
+    configurations: [(label dict, runner name, options dict)], every one run on the same seeds (so two
+    configurations compare seed by seed); claims: [Claim], whose value functions read one seed's
+    {configuration name: metrics} (`configuration_name(label)`); seeds: how many the default run uses;
+    quick: the options every run takes at --quick (None: QUICK_STEPS iterations for a training runner);
+    cost: seconds per run on one core, roughly (the work's order and the ETA); figure: the panels that
+    plot_results.py draws (see plot_results.experiment_figure)."""
 
     name: str
     summary: str
     source: str
     claim: str
-    configurations: list  # [(label dict, runner name, options dict)]
-    metrics: list  # the metric names its summary shows
-    curves: tuple = ()  # the curve columns its figure draws
-    tables: dict = field(default_factory=dict)  # extra exact tables (name -> (columns, rows)), seed-free
-    figure: dict = field(default_factory=dict)  # {"bars": [[metric, ...], ...], "log": [bool, ...]} for the plot
+    configurations: list
+    metrics: list
+    curves: tuple = ()
+    tables: dict = field(default_factory=dict)
+    figure: dict = field(default_factory=dict)
+    claims: list = field(default_factory=list)
+    seeds: int = DEFAULT_SEEDS
+    quick: dict | None = None
+    cost: float = 0.5
+
+
+def configuration_name(label):
+    """The name of a configuration in every file and claim: "key=value key=value" of its label."""
+    return " ".join(f"{key}={value}" for key, value in label.items())
+
+
+def at_quick_size(experiment):
+    """A copy of `experiment` whose runs take its quick options (tests and --quick: the mechanism, not the
+    effect): `experiment.quick`, or QUICK_STEPS iterations for the runners that train."""
+    configurations = []
+    for label, runner, options in experiment.configurations:
+        quick = experiment.quick if experiment.quick is not None else (
+            {"steps": QUICK_STEPS} if runner in STEP_RUNNERS else {})
+        configurations.append((label, runner, {**options, **quick}))
+    return replace(experiment, configurations=configurations)
+
+
+def difference(metric, first, second):
+    """A claim value: first's metric minus second's in one seed (None when either has none)."""
+    def value(runs):
+        a, b = runs[first][metric], runs[second][metric]
+        return None if a is None or b is None else a - b
+    return value
 
 
 def _online(label, curve=(), **options):
@@ -349,6 +783,7 @@ def _online(label, curve=(), **options):
 
 
 ONLINE_CURVE = ("success_probability", "total_tokens_sampled")
+C = configuration_name
 
 
 def std_scaling_table():
@@ -367,200 +802,634 @@ def std_scaling_table():
     return list(rows[0]), rows
 
 
+def _kl_estimators():
+    near, far = C({"distance": "near"}), C({"distance": "far"})
+    both = (near, far)
+    return Experiment(
+        "kl-estimators", "k1/k2/k3: bias and spread of each value, and which KL each expected gradient follows",
+        "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477",
+        "k1 and k3 are unbiased for KL(pi‖ref), k2 is not; as loss terms, E[grad k1] = 0, E[grad k2] = "
+        "grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi). k3 spreads less than k1 near the reference only. "
+        "Computed exactly by enumeration on 6-way categoricals, near (logits scaled 0.3) and far (1.5).",
+        [({"distance": distance}, "run_kl_estimators", {"distance": distance}) for distance in ("near", "far")],
+        [f"{name}_{stat}" for name in ("k1", "k2", "k3") for stat in (
+            "relative_bias", "relative_std", "grad_error_forward_kl", "grad_error_reverse_kl")],
+        claims=[
+            Claim("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
+                  lambda runs: all(abs(runs[c][f"{k}_relative_bias"]) < 1e-12 for c in both for k in ("k1", "k3"))),
+            Claim("k2 is biased: relative bias above 1e-3 in size, near and far",
+                  lambda runs: all(abs(runs[c]["k2_relative_bias"]) > 1e-3 for c in both)),
+            Claim("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
+                  "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi‖ref) (above 1e-3), near and far",
+                  lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_forward_kl"] < 1e-12
+                                   and runs[c]["k3_grad_error_reverse_kl"] < 1e-12
+                                   and runs[c]["k3_grad_error_forward_kl"] > 1e-3 for c in both)),
+            Claim("Near the reference, k3 spreads less than k1 (a smaller per-sample std)",
+                  lambda runs: runs[near]["k3_relative_std"] < runs[near]["k1_relative_std"], at_least=0.8),
+            Claim("Far from the reference, k3 still spreads less than k1",
+                  lambda runs: runs[far]["k3_relative_std"] < runs[far]["k1_relative_std"], at_least=0.8,
+                  note="The field often says that k3 has a lower variance than k1. k3 = exp(ref - logp) - (ref - logp) "
+                       "- 1 grows exponentially on tokens the reference prefers by far, so far from the reference its "
+                       "spread can exceed k1's: pick the estimator by the gradient you want, not by its spread."),
+        ],
+        figure={"panels": [
+            {"kind": "values", "metrics": ["k1_relative_bias", "k2_relative_bias", "k3_relative_bias"],
+             "title": "bias of the value, relative to KL(pi‖ref)", "ylabel": "(E[k] - KL) / KL"},
+            {"kind": "values", "metrics": ["k1_relative_std", "k2_relative_std", "k3_relative_std"],
+             "title": "per-sample std, relative to KL(pi‖ref)", "ylabel": "std(k) / KL"},
+            {"kind": "values", "metrics": [f"{k}_grad_error_forward_kl" for k in ("k1", "k2", "k3")],
+             "title": "E[grad k] against grad KL(pi‖ref)", "ylabel": "relative error"},
+            {"kind": "values", "metrics": [f"{k}_grad_error_reverse_kl" for k in ("k1", "k2", "k3")],
+             "title": "E[grad k] against grad KL(ref‖pi)", "ylabel": "relative error"}]},
+        cost=0.01,
+    )
+
+
+def _reduction_length_bias():
+    sequence, token, constant = (C({"reduction": name}) for name in ("sequence", "token", "constant"))
+    note = ("Not visible on the table policy: the sequence mean does give each token of a long wrong answer a "
+            "smaller share of its negative advantage, but the table drops wrong answers within a few dozen "
+            "iterations, before any length can grow, and the lengths left differ more between seeds than between "
+            "reductions. The transformer experiment length-growth tests the claim where lengths can grow.")
+    return Experiment(
+        "reduction-length-bias", "sequence mean vs token mean vs constant: lengths of right and wrong answers",
+        "Dr. GRPO, arXiv 2503.20783, sec. 3.1",
+        "Dividing each response's loss by its own length lets long wrong answers lose less per token, so wrong "
+        "answers grow longer under the per-sequence mean; the token mean and the constant do not favour length. "
+        "Measured with --max-new-tokens 10 by the exact expected length of the policy's wrong answers (no "
+        "sampling noise).",
+        [_online({"reduction": reduction}, ("success_probability",), exact_curve=("wrong_length",),
+                 reduction=reduction, max_new_tokens=10) for reduction in rl_lab.REDUCTIONS],
+        ["exact_wrong_length", "mean_wrong_length", "mean_correct_length", "final_success_probability",
+         "iterations_to_0.9"],
+        ("exact_wrong_length", "success_probability"),
+        claims=[
+            Claim("Under the sequence mean, wrong answers are longer than under the token mean (their exact "
+                  "expected length, last 10 iterations)",
+                  difference("exact_wrong_length", sequence, token), "greater", 0.8, note=note),
+            Claim("... and longer than under the constant (Dr. GRPO's fix)",
+                  difference("exact_wrong_length", sequence, constant), "greater", 0.8),
+        ],
+        figure={"panels": [
+            {"kind": "curves", "columns": ["exact_wrong_length"], "title": "expected length of a wrong answer, exact",
+             "ylabel": "tokens (EOS included)"},
+            {"kind": "curves", "columns": ["success_probability"], "title": "exact success probability",
+             "ylabel": "p(correct)"},
+            {"kind": "claim", "claim": 0, "title": "sequence minus token mean: wrong-answer length per seed",
+             "ylabel": "tokens"}]},
+        cost=0.6,
+    )
+
+
+def _std_scaling():
+    def name(scale, beta):
+        return C({"scale_rewards": scale, "beta": beta})
+
+    columns, rows = std_scaling_table()
+    weight = {scale: rows[1][f"{scale}_total_weight"] / rows[4][f"{scale}_total_weight"] for scale in ("group", "none")}
+    gap_on = difference("hard_success_final", name("group", 0.02), name("none", 0.02))
+    gap_off = difference("hard_success_final", name("group", 0.0), name("none", 0.0))
+    return Experiment(
+        "std-scaling", "group vs batch vs no std, with and without the KL penalty: easy and hard prompts",
+        "Dr. GRPO, arXiv 2503.20783, sec. 3.1 (question-level difficulty bias)",
+        "Dividing by the group's std gives a prompt whose group is nearly all right or all wrong a larger total "
+        "weight than one near 50% (exact table). In training, no std ends lower on the hard prompts (4 and 5, "
+        "three-digit answers); the ablation without the KL penalty shows why: unscaled advantages are smaller, "
+        "so the same KL penalty weighs more against them and holds the policy nearer the uniform reference.",
+        [({"scale_rewards": scale, "beta": beta}, "run_std_scaling", {"scale_rewards": scale, "beta": beta})
+         for beta in (0.02, 0.0) for scale in ("group", "batch", "none")],
+        ["hard_success_final", "hard_success_step_10", "easy_success_step_10", "final_success_probability",
+         "iterations_to_0.9"],
+        ("hard_success", "easy_success"),
+        {"gradient_weight_by_successes": (columns, rows)},
+        claims=[
+            Claim("With G = 8 the std flattens a prompt's total weight across difficulty: 1 success of 8 weighs "
+                  f"{weight['group']:.3f} of 4 of 8 with the std, {weight['none']:.4f} without (exact)",
+                  lambda _: weight["group"] > weight["none"], "exact"),
+            Claim("With the KL penalty (beta 0.02), the group std ends higher on the hard prompts than no std",
+                  gap_on, "greater", 0.8),
+            Claim("The std's larger weight on rare successes speeds up the hard prompts early: hard-prompt success at "
+                  "iteration 10, group minus none, above 0",
+                  difference("hard_success_step_10", name("group", 0.02), name("none", 0.02)), "greater", 0.8,
+                  note="The amplification is exact in the weights, yet the hard prompts do not learn faster with it "
+                       "here: it is not what separates the two at the end."),
+            Claim("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
+                  gap_off, "within", margin=0.01),
+            Claim("So the KL penalty makes the gap: (group - none) with beta 0.02 exceeds (group - none) with beta 0",
+                  lambda runs: gap_on(runs) - gap_off(runs), "greater", 0.8),
+        ],
+        figure={"color_by": ["scale_rewards"], "panels": [
+            {"kind": "curves", "columns": ["hard_success"], "where": {"beta": 0.02},
+             "title": "hard prompts, KL penalty beta 0.02", "ylabel": "exact success (prompts 4, 5)"},
+            {"kind": "curves", "columns": ["hard_success"], "where": {"beta": 0.0},
+             "title": "hard prompts, KL penalty off", "ylabel": "exact success (prompts 4, 5)"},
+            {"kind": "values", "metrics": ["hard_success_final"], "title": "hard prompts at the end",
+             "ylabel": "exact success (prompts 4, 5)"}]},
+        cost=0.6,
+    )
+
+
+def _zero_variance():
+    static = [C({"group_size": size, "dynamic_sampling": False}) for size in (2, 4, 8, 16)]
+    dynamic = C({"group_size": 8, "dynamic_sampling": True})
+    return Experiment(
+        "zero-variance", "share of groups whose rewards all tie, measured vs predicted; dynamic sampling",
+        "DAPO, arXiv 2503.14476, sec. 3.2 (dynamic sampling, eq. 11)",
+        "A group teaches nothing when its rewards tie; the share is predicted per prompt by sum_v q_v^G from the "
+        "exact reward distribution of the policy that sampled it, and grows as G falls; dynamic sampling removes "
+        "it at the price of extra samples. At a fixed 64 responses per iteration.",
+        [({"group_size": size, "dynamic_sampling": False}, "run_zero_variance",
+          {"group_size": size, "prompts": 64 // size}) for size in (2, 4, 8, 16)]
+        + [({"group_size": 8, "dynamic_sampling": True}, "run_zero_variance",
+            {"group_size": 8, "prompts": 8, "dynamic_sampling": True})],
+        ["zero_group_fraction", "predicted_zero_group_fraction", "measured_minus_predicted",
+         "measured_minus_predicted_z", "final_success_probability", "tokens_to_0.9", "responses_sampled"],
+        ("zero_group_fraction", "predicted_zero_group_fraction", "success_probability"),
+        claims=[
+            Claim("The exact prediction matches the measured share up to sampling noise: the two differ by less "
+                  "than 3 standard errors (exact, from the predicted probabilities) at every G",
+                  lambda runs: all(abs(runs[c]["measured_minus_predicted_z"]) < 3 for c in static)),
+            Claim("... without a bias: measured minus predicted, in standard errors and averaged over the four G, "
+                  "lies within +-1", lambda runs: math.fsum(runs[c]["measured_minus_predicted_z"] for c in static)
+                  / len(static), "within", margin=1.0,
+                  note="A small positive mean difference in shares was once read as the measured share exceeding "
+                       "the prediction; in units of its own sampling noise the difference is centred on 0."),
+            Claim("The share of tied groups grows as G falls (G = 2 > 4 > 8 > 16)",
+                  lambda runs: all(runs[a]["zero_group_fraction"] > runs[b]["zero_group_fraction"]
+                                   for a, b in zip(static, static[1:]))),
+            Claim("Dynamic sampling (G = 8) cuts the share of tied groups below half of static G = 8's",
+                  lambda runs: runs[dynamic]["zero_group_fraction"] < 0.5 * runs[static[2]]["zero_group_fraction"]),
+            Claim("... at the price of samples: it needs more sampled tokens to reach 0.9 than static G = 8",
+                  difference("tokens_to_0.9", dynamic, static[2]), "greater", 0.8,
+                  note="Here the groups tie mostly once the task is learned, so filtering them buys little per "
+                       "sampled token."),
+        ],
+        figure={"panels": [
+            {"kind": "curves", "columns": ["zero_group_fraction", "predicted_zero_group_fraction"],
+             "where": {"dynamic_sampling": False}, "title": "tied groups: measured (solid), predicted (dashed)",
+             "ylabel": "share of groups"},
+            {"kind": "sweep", "x": "group_size", "metric": "zero_group_fraction", "where": {"dynamic_sampling": False},
+             "title": "tied groups over the run, static sampling", "ylabel": "share of groups"},
+            {"kind": "values", "metrics": ["measured_minus_predicted_z"], "where": {"dynamic_sampling": False},
+             "title": "measured minus predicted, in standard errors", "ylabel": "z"},
+            {"kind": "values", "metrics": ["tokens_to_0.9"], "title": "sampled tokens to exact success 0.9",
+             "ylabel": "tokens"}]},
+        cost=0.6,
+    )
+
+
+def _clip_higher():
+    losses = [({"loss": "grpo", "epsilon_high": 0.2}, {}), ({"loss": "grpo", "epsilon_high": 0.28}, {"epsilon_high": 0.28}),
+              ({"loss": "cispo", "epsilon_high": 5.0}, {"algorithm": "cispo"})]
+    curve = ("entropy", "success_probability")
+
+    def name(label, updates):
+        return C({**label, "updates_per_batch": updates})
+
+    at = {updates: [name(label, updates) for label, _ in losses] for updates in (8, 2)}
+    return Experiment(
+        "clip-higher", "eps_high 0.2 vs 0.28 (and CISPO) at 8 and 2 updates per batch: entropy, stuck prompts",
+        "DAPO, arXiv 2503.14476, sec. 3.1 (clip-higher)",
+        "A symmetric clip stops low-probability tokens with A > 0 early, so entropy collapses; raising the upper "
+        "bound keeps exploring. On the table policy the entropy difference is not visible; what 8 updates per "
+        "batch do show is a prompt that collapses onto a partial-credit answer (a truncated response that starts "
+        "right, reward 0.25): its groups then tie and it never learns the answer. With 2 updates it does not "
+        "happen, and raising eps_high does not prevent it.",
+        [_online({**label, "updates_per_batch": updates}, curve, updates_per_batch=updates, **options)
+         for updates in (8, 2) for label, options in losses],
+        ["partial_stuck_prompts", "final_success_probability", "worst_prompt_success", "entropy_last",
+         "clip_fraction", "iterations_to_0.9"],
+        curve,
+        claims=[
+            Claim("Raising eps_high from 0.2 to 0.28 (8 updates per batch) ends with a higher entropy",
+                  difference("entropy_last", at[8][1], at[8][0]), "greater", 0.8,
+                  note="Not visible on the table policy, whose task has one right answer per prompt: collapsing onto "
+                       "it is the goal. The transformer experiment clip-higher-entropy tests it."),
+            Claim("At 8 updates per batch, some runs end with a prompt stuck on a partial-credit answer (success "
+                  "below 0.5, partial credit above 0.5), whatever the loss",
+                  lambda runs: any(runs[c]["partial_stuck_prompts"] > 0 for c in at[8]), at_least=0.0,
+                  note="How often, per loss: the mean of partial_stuck_prompts in the table. Its groups all score "
+                       "0.25, tie and teach nothing: a collapse onto the wrong mode, not a lack of exploration."),
+            Claim("At 2 updates per batch no prompt ends stuck, for any of the three losses",
+                  lambda runs: all(runs[c]["stuck_prompts"] == 0 for c in at[2])),
+            Claim("Raising eps_high to 0.28 prevents it: no stuck prompt at eps_high 0.28 and 8 updates",
+                  lambda runs: runs[at[8][1]]["stuck_prompts"] == 0,
+                  note="Clip-higher is the field's remedy for entropy collapse; against this collapse it does not "
+                       "help: the fewer updates per batch do."),
+        ],
+        figure={"color_by": ["loss", "epsilon_high"], "panels": [
+            {"kind": "values", "metrics": ["partial_stuck_prompts"], "title": "prompts stuck on a partial-credit answer",
+             "ylabel": "prompts per run (of 6)"},
+            {"kind": "values", "metrics": ["final_success_probability"], "title": "final exact success",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["entropy_last"], "title": "entropy, last 10 iterations",
+             "ylabel": "nats per token"},
+            {"kind": "curves", "columns": ["entropy"], "where": {"updates_per_batch": 8},
+             "title": "entropy at 8 updates per batch", "ylabel": "nats per token", "log": True}]},
+        seeds=10,
+        cost=0.6,
+    )
+
+
+def _updates_per_batch():
+    algorithms, counts = ("grpo", "cispo", "gspo"), (1, 2, 4, 8)
+
+    def name(algorithm, updates):
+        return C({"algorithm": algorithm, "updates_per_batch": updates})
+
+    def falls(algorithm):
+        return Claim(f"{algorithm.upper()}: the final success at 8 updates per batch is below that at 1",
+                     difference("final_success_probability", name(algorithm, 1), name(algorithm, 8)),
+                     "greater", 0.8)
+
+    return Experiment(
+        "updates-per-batch", "1, 2, 4, 8 Adam steps per batch for GRPO, CISPO, GSPO: the off-policy cost",
+        "PPO, arXiv 1707.06347 (epochs per batch); the lab's own README",
+        "Reusing a batch for more steps moves the policy further from the one that sampled it: the clip binds "
+        "more and the final success falls, while the first iterations learn faster.",
+        [_online({"algorithm": algorithm, "updates_per_batch": updates}, ("success_probability",),
+                 algorithm=algorithm, updates_per_batch=updates)
+         for algorithm in algorithms for updates in counts],
+        ["final_success_probability", "iterations_to_0.9", "clip_fraction", "stuck_prompts"],
+        ("success_probability",),
+        claims=[
+            Claim("The clip binds more with more updates per batch (clip_fraction at 1 < 2 < 4 < 8), for GRPO and "
+                  "GSPO",
+                  lambda runs: all(runs[name(a, u)]["clip_fraction"] < runs[name(a, v)]["clip_fraction"]
+                                   for a in ("grpo", "gspo") for u, v in zip(counts, counts[1:])),
+                  note="CISPO caps the weight instead of zeroing the gradient: its clip_fraction is 0 by definition."),
+            falls("grpo"), falls("cispo"), falls("gspo"),
+            Claim("GRPO reaches exact success 0.9 in fewer iterations at 8 updates per batch than at 1",
+                  difference("iterations_to_0.9", name("grpo", 1), name("grpo", 8)), "greater", 0.8),
+        ],
+        figure={"color_by": ["algorithm"], "panels": [
+            {"kind": "sweep", "x": "updates_per_batch", "metric": "final_success_probability",
+             "title": "final exact success", "ylabel": "p(correct)"},
+            {"kind": "sweep", "x": "updates_per_batch", "metric": "clip_fraction",
+             "title": "share of clipped tokens (mean over the run)", "ylabel": "clip_fraction"},
+            {"kind": "sweep", "x": "updates_per_batch", "metric": "iterations_to_0.9",
+             "title": "iterations to exact success 0.9", "ylabel": "iterations"}]},
+        cost=0.4,
+    )
+
+
+def _sampler_mismatch():
+    samplers = (("same", {}), ("temperature 1.5", {"rollout_temperature": 1.5}), ("top-p 0.8", {"rollout_top_p": 0.8}))
+    configurations = []
+    for beta in (0.02, 0.0):
+        for sampler, options in samplers:
+            if beta == 0.0 and sampler != "temperature 1.5":
+                continue  # the ablation needs only the sampler whose TIS loss it explains
+            for tis in ((False,) if sampler == "same" else (False, True)):
+                label = {"sampler": sampler, "tis": tis, "beta": beta}
+                configurations.append((label, "run_sampler_mismatch",
+                                       {**options, **({"tis_cap": 2.0} if tis else {}), "beta": beta}))
+
+    def name(sampler, tis, beta=0.02):
+        return C({"sampler": sampler, "tis": tis, "beta": beta})
+
+    hot, hot_tis = name("temperature 1.5", False), name("temperature 1.5", True)
+    top = name("top-p 0.8", False)
+    loss_on = difference("final_success_probability", hot, hot_tis)
+    loss_off = difference("final_success_probability", name("temperature 1.5", False, 0.0),
+                          name("temperature 1.5", True, 0.0))
+    return Experiment(
+        "sampler-mismatch", "sample at another temperature or top-p than the trainer scores: gradient bias and TIS",
+        "Yao et al. 2025 (truncated importance sampling for rollout/trainer mismatch); IMPALA, arXiv 1802.01561",
+        "Tokens drawn from another distribution bias the gradient; weights min(p_trainer/p_sampler, cap) remove "
+        "most of the bias where the sampler covers the trainer's support. Top-p removes tokens the trainer still "
+        "gives probability: no weight can bring them back. The bias is measured directly: the exact expected "
+        "gradient under the sampler, against the exact gradient, every response enumerated. Yet with the KL "
+        "penalty on, TIS lowers the final success: TIS reweights the policy term but not the KL term, sampled "
+        "from the same mismatched tokens; the ablation with the KL penalty off removes most of that loss.",
+        configurations,
+        ["final_success_probability", "gradient_bias", "gradient_bias_tis", "kl_reference", "iterations_to_0.9"],
+        ("success_probability", "gradient_bias", "gradient_bias_tis"),
+        claims=[
+            Claim("The measurement: with the sampler equal to the trainer, the expected estimate is the exact "
+                  "gradient (relative error below 1e-12)",
+                  lambda runs: runs[name("same", False)]["gradient_bias"] < 1e-12),
+            Claim("Sampling at temperature 1.5 biases the expected policy gradient (relative error above 0.5) and "
+                  "TIS with cap 2 removes most of it (below a fifth of the error without)",
+                  lambda runs: runs[hot]["gradient_bias"] > 0.5 and runs[hot]["gradient_bias_tis"]
+                  < 0.2 * runs[hot]["gradient_bias"]),
+            Claim("Top-p 0.8 biases it too (above 0.5), and TIS cannot remove it (with TIS above 0.9 of the error "
+                  "without): the tokens outside the nucleus are never drawn",
+                  lambda runs: runs[top]["gradient_bias"] > 0.5 and runs[top]["gradient_bias_tis"]
+                  > 0.9 * runs[top]["gradient_bias"]),
+            Claim("With the KL penalty on (beta 0.02), TIS lowers the final success at temperature 1.5",
+                  loss_on, "greater", 0.8,
+                  note="A correction of the gradient that costs final success: the k3 term keeps its uncorrected "
+                       "weights while the policy term is reweighted, so the two no longer balance where they did "
+                       "on-policy."),
+            Claim("With the KL penalty off, TIS and no TIS end within 0.01 of each other at temperature 1.5",
+                  loss_off, "within", margin=0.01),
+            Claim("So the KL term makes the loss: (no TIS - TIS) with beta 0.02 exceeds it with beta 0",
+                  lambda runs: loss_on(runs) - loss_off(runs), "greater", 0.8),
+        ],
+        figure={"color_by": ["sampler"], "panels": [
+            {"kind": "values", "metrics": ["gradient_bias", "gradient_bias_tis"], "where": {"beta": 0.02, "tis": False},
+             "title": "expected-gradient bias without / with TIS", "ylabel": "‖E[g] - grad J‖ / ‖grad J‖"},
+            {"kind": "curves", "columns": ["success_probability"],
+             "where": {"beta": 0.02, "sampler": ["same", "temperature 1.5"]},
+             "title": "temperature 1.5, KL penalty beta 0.02", "ylabel": "exact success"},
+            {"kind": "curves", "columns": ["success_probability"], "where": {"sampler": ["same", "top-p 0.8"]},
+             "title": "top-p 0.8, without and with TIS (dashed)", "ylabel": "exact success"},
+            {"kind": "values", "metrics": ["final_success_probability"], "title": "final exact success",
+             "ylabel": "p(correct)"}]},
+        cost=0.8,
+    )
+
+
+def _microbatch():
+    every = (1, 2, 4)
+    return Experiment(
+        "microbatch", "one batch in 1, 2, 4 micro-batches: accumulated gradient vs the full batch, per reduction",
+        "verl issue 5625 (token-mean normalized per micro-batch under gradient accumulation)",
+        "With the token mean, normalizing each micro-batch by its own token count gives a different gradient than "
+        "the full batch; normalizing by the global token count (or using the sequence mean or a constant) gives "
+        "the same gradient exactly.",
+        [({"batch": "seed"}, "run_microbatch", {})],
+        [f"{reduction}_local_m{micro}" for reduction in rl_lab.REDUCTIONS for micro in every]
+        + [f"token_global_m{micro}" for micro in every] + ["length_spread"],
+        claims=[
+            Claim("The token mean normalized per micro-batch gives another gradient than the full batch (relative "
+                  "error above 1e-3) at 2 and 4 micro-batches",
+                  lambda runs: all(runs["batch=seed"][f"token_local_m{micro}"] > 1e-3 for micro in (2, 4))),
+            Claim("The token mean over the global token count, the sequence mean and the constant give the full "
+                  "batch's gradient (relative error below 1e-12) at 1, 2 and 4 micro-batches",
+                  lambda runs: all(runs["batch=seed"][f"{name}_m{micro}"] < 1e-12 for micro in every
+                                   for name in ("token_global", "sequence_local", "constant_local"))),
+        ],
+        figure={"panels": [
+            {"kind": "values", "metrics": [f"token_local_m{micro}" for micro in every],
+             "title": "token mean, each micro-batch by its own count", "ylabel": "relative gradient error"},
+            {"kind": "values", "metrics": [f"{name}_m4" for name in ("token_global", "sequence_local", "constant_local")],
+             "title": "4 micro-batches: global count, sequence mean, constant", "ylabel": "relative gradient error",
+             "same_y_as": 0}]},
+        cost=0.1,
+    )
+
+
+def _grpo2_vs_dpo():
+    labels = [({"algorithm": "grpo", "group_size": 2, "kl_penalty": "beta 0.02"}, {"group_size": 2, "prompts": 32}),
+              ({"algorithm": "dpo", "group_size": 2, "kl_penalty": "implicit"},
+               {"algorithm": "dpo", "group_size": 2, "prompts": 32}),
+              ({"algorithm": "grpo", "group_size": 8, "kl_penalty": "beta 0.02"}, {"group_size": 8, "prompts": 8}),
+              ({"algorithm": "grpo", "group_size": 2, "kl_penalty": "off"},
+               {"group_size": 2, "prompts": 32, "beta": 0.0})]
+    grpo2, dpo2, grpo8, grpo2_off = (C(label) for label, _ in labels)
+    return Experiment(
+        "grpo2-vs-dpo", "GRPO with G = 2 against online DPO at the same samples, with GRPO's KL penalty on and off",
+        "It Takes Two: Your GRPO Is Secretly DPO, arXiv 2510.00977",
+        "With two samples per prompt, GRPO's advantages are +-1 on pairs with different rewards: a contrastive "
+        "update like DPO's. They end apart only through GRPO's explicit KL penalty: with it off, the two end "
+        "alike. Whether either needs more samples than G = 8 depends on the seeds.",
+        [_online(label, ONLINE_CURVE, **options) for label, options in labels],
+        ["final_success_probability", "tokens_to_0.9", "iterations_to_0.9", "kl_reference", "responses_sampled"],
+        ("success_probability",),
+        claims=[
+            Claim("With its KL penalty (beta 0.02), GRPO with G = 2 ends below online DPO",
+                  difference("final_success_probability", dpo2, grpo2), "greater", 0.8),
+            Claim("With GRPO's KL penalty off, GRPO with G = 2 and online DPO end within 0.01 of each other",
+                  difference("final_success_probability", dpo2, grpo2_off), "within", margin=0.01),
+            Claim("GRPO with G = 2 needs more sampled tokens to reach 0.9 than GRPO with G = 8",
+                  difference("tokens_to_0.9", grpo2, grpo8), "greater", 0.8,
+                  note="The paper's claim is the equivalence of the updates, not a sample cost; this is the atlas's "
+                       "first edition's reading, kept so that its verdict on other seeds can be compared."),
+            Claim("Online DPO (G = 2) needs more sampled tokens to reach 0.9 than GRPO with G = 8",
+                  difference("tokens_to_0.9", dpo2, grpo8), "greater", 0.8),
+        ],
+        figure={"color_by": ["algorithm", "group_size"], "panels": [
+            {"kind": "curves", "columns": ["success_probability"], "x": "total_tokens_sampled",
+             "title": "exact success against sampled tokens", "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["final_success_probability"], "title": "final exact success",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["tokens_to_0.9"], "title": "sampled tokens to exact success 0.9",
+             "ylabel": "tokens"}]},
+        cost=0.4,
+    )
+
+
+def _four_algorithms():
+    def reaches(algorithm):
+        configuration = C({"algorithm": algorithm})
+        return Claim(f"{algorithm.upper()} reaches exact success 0.9",
+                     lambda runs: runs[configuration]["iterations_to_0.9"] is not None,
+                     note="A run that never reaches 0.9 ends with one prompt stuck near 0 success (stuck_prompts): "
+                          "its sampled answers all score alike, so its reward carries no signal and only the KL "
+                          "penalty moves it. The share, with its interval, is how often over these seeds; a rare "
+                          "failure can be absent from one set of 20 seeds and present in the next.")
+
+    return Experiment(
+        "four-algorithms", "PPO, DPO, GRPO, CISPO on the token task at one budget (B*G responses per iteration)",
+        "the article this lab accompanies; InstructGPT, arXiv 2203.02155; DPO, arXiv 2305.18290",
+        "At the same responses per iteration the four learn the task in most seeds; PPO's critic gives per-token "
+        "credit, DPO uses only the best and worst response per prompt. A few seeds end stuck below 0.9, one "
+        "prompt never answered right, PPO the most often; the counts over 20 seeds say how often.",
+        [_online({"algorithm": algorithm}, ONLINE_CURVE, algorithm=algorithm)
+         for algorithm in online_tokens.FOUR_ALGORITHMS],
+        ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "stuck_prompts", "kl_reference",
+         "mean_correct_length", "mean_wrong_length"],
+        ("success_probability",),
+        claims=[reaches(algorithm) for algorithm in online_tokens.FOUR_ALGORITHMS],
+        figure={"color_by": ["algorithm"], "panels": [
+            {"kind": "curves", "columns": ["success_probability"], "x": "total_tokens_sampled",
+             "title": "exact success against sampled tokens", "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["final_success_probability"], "title": "final exact success",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["tokens_to_0.9"], "title": "sampled tokens to exact success 0.9",
+             "ylabel": "tokens"},
+            {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
+             "ylabel": "nats per response"}]},
+        seeds=20,
+        cost=0.4,
+    )
+
+
+def _dpo_label_flips():
+    flips = (0, 3, 6, 12)
+    names = {count: C({"preference_flips": count}) for count in flips}
+    start = 0.7 / 3  # the uniform policy's expected reward: mean of the table, (1.0 + 0.2 - 0.5) / 3
+    return Experiment(
+        "dpo-label-flips", "bandit DPO with 0, 3, 6, 12 of its 12 labels reversed",
+        "the article, sec. 10.3",
+        "The training loss falls whatever the labels say; the loss on the true labels rises with the flips. With "
+        "3 of 12 reversed the true reward still rises from its start, less than with clean labels; with all 12 "
+        "reversed it falls toward the worst possible: the optimizer solves the task it was given.",
+        [({"preference_flips": count}, "run_bandit", {"algorithm": "dpo", "preference_flips": count}) for count in flips],
+        ["final_expected_reward", "dpo_training_loss", "dpo_clean_loss"],
+        ("expected_reward",),
+        claims=[
+            Claim("The training loss ends below ln 2 (its start) at every flip count",
+                  lambda runs: all(runs[names[count]]["dpo_training_loss"] < math.log(2) for count in flips)),
+            Claim("The loss on the true labels rises with the flips (0 < 3 < 6 < 12)",
+                  lambda runs: all(runs[names[a]]["dpo_clean_loss"] < runs[names[b]]["dpo_clean_loss"]
+                                   for a, b in zip(flips, flips[1:]))),
+            Claim("With 3 of 12 labels reversed the true reward still rises above its start (0.2333)",
+                  lambda runs: runs[names[3]]["final_expected_reward"] > start),
+            Claim("... but ends below the clean labels' reward",
+                  lambda runs: runs[names[3]]["final_expected_reward"] < runs[names[0]]["final_expected_reward"]),
+            Claim("With all 12 reversed the true reward falls below -0.4 (the worst possible is -0.5)",
+                  lambda runs: runs[names[12]]["final_expected_reward"] < -0.4),
+        ],
+        figure={"panels": [
+            {"kind": "curves", "columns": ["expected_reward"], "title": "true expected reward (exact)",
+             "ylabel": "expected reward"},
+            {"kind": "sweep", "x": "preference_flips", "metric": "final_expected_reward",
+             "title": "final true reward", "ylabel": "expected reward"},
+            {"kind": "sweep", "x": "preference_flips", "metric": "dpo_training_loss",
+             "title": "final loss on the labels trained on", "ylabel": "DPO loss"},
+            {"kind": "sweep", "x": "preference_flips", "metric": "dpo_clean_loss",
+             "title": "final loss on the true labels", "ylabel": "DPO loss"}]},
+        cost=0.15,
+    )
+
+
+def _group_size():
+    sizes = (2, 4, 8, 16)
+    names = [C({"group_size": size}) for size in sizes]
+    return Experiment(
+        "group-size", "bandit GRPO, G = 2, 4, 8, 16 at 128 actions per iteration",
+        "the article, sec. 10.3",
+        "At a fixed action budget, larger groups mean fewer prompts per batch; most groups tie once the policy is "
+        "good, fewer the larger G, yet all reach the optimum.",
+        [({"group_size": size}, "run_bandit", {"algorithm": "grpo", "group_size": size, "grpo_prompts": 128 // size,
+                                               "curve": ("best_action_probability", "zero_group_fraction")})
+         for size in sizes],
+        ["zero_group_fraction", "actions_to_0.9", "final_expected_reward"],
+        ("zero_group_fraction", "best_action_probability"),
+        claims=[
+            Claim("Every G reaches best-action probability 0.9",
+                  lambda runs: all(runs[c]["actions_to_0.9"] is not None for c in names)),
+            Claim("Most groups tie over the run (zero_group_fraction above 0.5) at every G",
+                  lambda runs: all(runs[c]["zero_group_fraction"] > 0.5 for c in names)),
+            Claim("The share of tied groups falls as G grows (G = 2 > 4 > 8 > 16)",
+                  lambda runs: all(runs[a]["zero_group_fraction"] > runs[b]["zero_group_fraction"]
+                                   for a, b in zip(names, names[1:]))),
+        ],
+        figure={"panels": [
+            {"kind": "curves", "columns": ["zero_group_fraction"], "max_step": 40,
+             "title": "share of tied groups per batch, first 40 iterations", "ylabel": "share of groups"},
+            {"kind": "sweep", "x": "group_size", "metric": "zero_group_fraction",
+             "title": "tied groups, mean over the run", "ylabel": "share of groups"},
+            {"kind": "sweep", "x": "group_size", "metric": "actions_to_0.9",
+             "title": "sampled actions to best-action probability 0.9", "ylabel": "actions"}]},
+        cost=0.35,
+    )
+
+
+def _chain_lambda():
+    names = {value: C({"gae_lambda": value}) for value in (0.0, 0.95, 1.0)}
+    return Experiment(
+        "chain-lambda", "two-step chain PPO with GAE lambda 0, 0.95, 1",
+        "GAE, arXiv 1506.02438; the lab's section 6",
+        "lambda trades bias for variance; lambda 0 still learns a delayed reward through the critic's bootstrap, "
+        "only slower at the start, and catches up.",
+        [({"gae_lambda": value}, "run_chain", {"gae_lambda": value}) for value in (0.0, 0.95, 1.0)],
+        ["expected_return_step_1", "expected_return_step_5", "expected_return_step_10", "final_expected_return"],
+        ("expected_return",),
+        claims=[
+            Claim("lambda 0 starts slower: J at step 5 is below lambda 0.95's",
+                  difference("expected_return_step_5", names[0.95], names[0.0]), "greater", 0.8),
+            Claim("lambda 0 still learns the delayed reward: final J above 0.99",
+                  lambda runs: runs[names[0.0]]["final_expected_return"] > 0.99),
+            Claim("... and catches up: final J within 0.005 of lambda 0.95's",
+                  difference("final_expected_return", names[0.95], names[0.0]), "within", margin=0.005),
+        ],
+        figure={"panels": [
+            {"kind": "curves", "columns": ["expected_return"], "max_step": 20,
+             "title": "exact expected return, first 20 steps", "ylabel": "J"},
+            {"kind": "values", "metrics": ["expected_return_step_1", "expected_return_step_5", "expected_return_step_10"],
+             "title": "J at steps 1, 5, 10", "ylabel": "J"}]},
+        cost=0.35,
+    )
+
+
+def _reward_shift():
+    names = {(algorithm, shift): C({"algorithm": algorithm, "shift": shift})
+             for algorithm in ("grpo", "ppo") for shift in (0.0, 5.0)}
+    return Experiment(
+        "reward-shift", "bandit rewards plus a constant: GRPO's advantages do not move, PPO's critic relearns",
+        "the article, sec. 10.3",
+        "A group-relative advantage subtracts the group mean, so a constant shift changes nothing; PPO's critic "
+        "starts at 0 and must first learn the shift, and until then every sampled action looks good.",
+        [({"algorithm": algorithm, "shift": shift}, "run_reward_shift",
+          {"algorithm": algorithm, "shift": shift, "steps": 40})
+         for algorithm in ("grpo", "ppo") for shift in (0.0, 5.0)],
+        ["best_action_probability_step_5", "best_action_probability_step_10", "steps_to_0.9", "advantage_change"],
+        ("best_action_probability",),
+        claims=[
+            Claim("GRPO's first-batch advantages do not move with a shift of 5 (by less than 1e-12)",
+                  lambda runs: runs[names["grpo", 5.0]]["advantage_change"] < 1e-12),
+            Claim("... so its run is the unshifted run: best-action probability at step 10 equal within 1e-9",
+                  lambda runs: abs(runs[names["grpo", 5.0]]["best_action_probability_step_10"]
+                                                 - runs[names["grpo", 0.0]]["best_action_probability_step_10"]) < 1e-9),
+            Claim("PPO's first-batch advantages move by the whole shift (5, within 1e-12)",
+                  lambda runs: abs(runs[names["ppo", 5.0]]["advantage_change"] - 5.0) < 1e-12),
+            Claim("... and PPO learns slower with the shift: best-action probability at step 5 lower",
+                  difference("best_action_probability_step_5", names["ppo", 0.0], names["ppo", 5.0]),
+                  "greater", 0.8),
+        ],
+        figure={"color_by": ["algorithm"], "panels": [
+            {"kind": "curves", "columns": ["best_action_probability"], "where": {"algorithm": "grpo"},
+             "title": "GRPO: shift 0 and 5 (the same run)", "ylabel": "best-action probability"},
+            {"kind": "curves", "columns": ["best_action_probability"], "where": {"algorithm": "ppo"},
+             "title": "PPO: shift 0 and 5", "ylabel": "best-action probability"},
+            {"kind": "values", "metrics": ["advantage_change"], "title": "first batch: change of the advantages",
+             "ylabel": "max |A(R + 5) - A(R)|"}]},
+        cost=0.15,
+    )
+
+
+def _sparse_reward():
+    sizes = (2, 4, 8, 16)
+
+    def name(rewards, size):
+        return C({"rewards": rewards, "group_size": size})
+
+    return Experiment(
+        "sparse-reward", "bandit GRPO with sparse rewards (1 for the best action) vs dense, G at 128 actions per "
+        "iteration", "the article, sec. 10.3",
+        "With only one rewarded action, groups tie more often early (all failures); late, when the policy picks "
+        "the best action every time, they tie whatever the other rewards are. Every G still learns, and on this "
+        "bandit the sparse reward costs no more samples than the dense one.",
+        [({"rewards": rewards, "group_size": size}, "run_bandit",
+          {"algorithm": "grpo", "group_size": size, "grpo_prompts": 128 // size, "sparse_rewards": rewards == "sparse",
+           "curve": ("best_action_probability", "zero_group_fraction")})
+         for rewards in ("sparse", "dense") for size in sizes],
+        ["zero_group_fraction", "actions_to_0.9", "final_best_action_probability"],
+        ("zero_group_fraction", "best_action_probability"),
+        claims=[
+            Claim("With sparse rewards every G still reaches best-action probability 0.9",
+                  lambda runs: all(runs[name("sparse", size)]["actions_to_0.9"] is not None for size in sizes)),
+            Claim("At G = 2, sparse rewards tie more groups over the run than dense ones",
+                  difference("zero_group_fraction", name("sparse", 2), name("dense", 2)), "greater", 0.8),
+            Claim("At G = 16 too",
+                  difference("zero_group_fraction", name("sparse", 16), name("dense", 16)), "greater", 0.8,
+                  note="Most ties come once the policy is good, and those do not depend on the other actions' "
+                       "rewards: a large group rarely ties early, dense or sparse."),
+            Claim("Sparse rewards cost more sampled actions to reach 0.9 than dense ones at G = 8",
+                  difference("actions_to_0.9", name("sparse", 8), name("dense", 8)), "greater", 0.8,
+                  note="The field's intuition. On this bandit the best action's advantage is the largest in its "
+                       "group either way, so the sparse table teaches the same thing."),
+        ],
+        figure={"color_by": ["rewards"], "panels": [
+            {"kind": "curves", "columns": ["zero_group_fraction"], "where": {"group_size": 2}, "max_step": 40,
+             "title": "tied groups per batch, G = 2, first 40 iterations", "ylabel": "share of groups"},
+            {"kind": "sweep", "x": "group_size", "metric": "zero_group_fraction",
+             "title": "tied groups, mean over the run", "ylabel": "share of groups"},
+            {"kind": "sweep", "x": "group_size", "metric": "actions_to_0.9",
+             "title": "sampled actions to best-action probability 0.9", "ylabel": "actions"}]},
+        cost=0.35,
+    )
+
+
 def experiments():
     """Every experiment of the atlas, by name."""
-    long_task = {"max_new_tokens": 10}
-    found = [
-        Experiment(
-            "kl-estimators", "k1/k2/k3: bias and spread of each value, and which KL each expected gradient follows",
-            "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477",
-            "k1 and k3 are unbiased for KL(pi||ref), k2 is not; k3 never goes negative and spreads less than k1; "
-            "as loss terms, E[grad k1] = 0, E[grad k2] = grad KL(pi||ref), E[grad k3] = grad KL(ref||pi).",
-            [({"distance": distance}, "run_kl_estimators", {"distance": distance}) for distance in ("near", "far")],
-            [f"{name}_{stat}" for name in ("k1", "k2", "k3") for stat in (
-                "relative_bias", "relative_std", "grad_error_forward_kl", "grad_error_reverse_kl")],
-            figure={"bars": [[f"{name}_relative_{stat}" for stat in ("bias", "std") for name in ("k1", "k2", "k3")],
-                             [f"{name}_grad_error_{direction}_kl" for direction in ("forward", "reverse")
-                              for name in ("k1", "k2", "k3")]],
-                    "log": [False, True]},
-        ),
-        Experiment(
-            "reduction-length-bias", "sequence mean vs token mean vs constant: lengths of right and wrong answers",
-            "Dr. GRPO, arXiv 2503.20783, sec. 3.1",
-            "Dividing each response's loss by its own length lets long wrong answers lose less per token, so wrong "
-            "answers grow longer under the per-sequence mean; the token mean and the constant do not favour length.",
-            [_online({"reduction": reduction}, ("mean_correct_length", "mean_wrong_length", "success_probability"),
-                     reduction=reduction, **long_task) for reduction in rl_lab.REDUCTIONS],
-            ["final_success_probability", "mean_correct_length", "mean_wrong_length", "iterations_to_0.9"],
-            ("mean_wrong_length", "mean_correct_length", "success_probability"),
-            figure={"curve_panels": [["mean_wrong_length", "mean_correct_length"], ["success_probability"]],
-                    "bars": [["mean_correct_length", "mean_wrong_length"]]},
-        ),
-        Experiment(
-            "std-scaling", "group vs batch vs no std: the per-prompt weight (exact) and easy vs hard prompts",
-            "Dr. GRPO, arXiv 2503.20783, sec. 3.1 (question-level difficulty bias)",
-            "Dividing by the group's std gives a prompt whose group is nearly all right or all wrong a larger total "
-            "weight than one near 50%: rare successes on hard prompts get amplified.",
-            [({"scale_rewards": scale}, "run_std_scaling", {"scale_rewards": scale})
-             for scale in ("group", "batch", "none")],
-            ["final_success_probability", "easy_success_step_10", "hard_success_step_10", "hard_success_final",
-             "iterations_to_0.9"],
-            ("hard_success", "easy_success"),
-            {"gradient_weight_by_successes": std_scaling_table()},
-            figure={"curve_panels": [["hard_success", "easy_success"]],
-                    "bars": [["easy_success_step_10", "hard_success_step_10", "hard_success_final"]]},
-        ),
-        Experiment(
-            "zero-variance", "share of groups whose rewards all tie, measured vs p^G + (1-p)^G; dynamic sampling",
-            "DAPO, arXiv 2503.14476, sec. 3.2 (dynamic sampling, eq. 11)",
-            "A group teaches nothing when its rewards tie; the share is predicted per prompt by sum_v q_v^G from the "
-            "exact reward distribution, grows with G falling and with learning; dynamic sampling removes it at the "
-            "price of extra samples.",
-            [({"group_size": size, "dynamic_sampling": False}, "run_zero_variance",
-              {"group_size": size, "prompts": 64 // size}) for size in (2, 4, 8, 16)]
-            + [({"group_size": 8, "dynamic_sampling": True}, "run_zero_variance",
-                {"group_size": 8, "prompts": 8, "dynamic_sampling": True})],
-            ["zero_group_fraction", "predicted_zero_group_fraction", "measured_minus_predicted", "final_success_probability",
-             "tokens_to_0.9", "responses_sampled"],
-            ("zero_group_fraction", "predicted_zero_group_fraction", "success_probability"),
-            figure={"curve_panels": [["zero_group_fraction", "predicted_zero_group_fraction"], ["success_probability"]],
-                    "bars": [["zero_group_fraction", "predicted_zero_group_fraction", "final_success_probability"]]},
-        ),
-        Experiment(
-            "clip-higher", "eps_high 0.2 vs 0.28 (and CISPO) with 8 updates per batch: entropy, clipping, success",
-            "DAPO, arXiv 2503.14476, sec. 3.1 (clip-higher)",
-            "A symmetric clip stops low-probability tokens with A > 0 early, so entropy collapses; raising the upper "
-            "bound keeps exploring. With many updates per batch the clip binds often enough to show it.",
-            [_online({"loss": "grpo", "epsilon_high": 0.2}, ("entropy", "clip_fraction", "success_probability"),
-                     updates_per_batch=8),
-             _online({"loss": "grpo", "epsilon_high": 0.28}, ("entropy", "clip_fraction", "success_probability"),
-                     updates_per_batch=8, epsilon_high=0.28),
-             _online({"loss": "cispo", "epsilon_high": 5.0}, ("entropy", "clip_fraction", "success_probability"),
-                     algorithm="cispo", updates_per_batch=8)],
-            ["final_success_probability", "entropy_last", "clip_fraction", "iterations_to_0.9"],
-            ("entropy", "clip_fraction", "success_probability"),
-            figure={"bars": [["final_success_probability", "entropy_last", "clip_fraction"]]},
-        ),
-        Experiment(
-            "updates-per-batch", "1, 2, 4, 8 Adam steps per batch for GRPO, CISPO, GSPO: the off-policy cost",
-            "PPO, arXiv 1707.06347 (epochs per batch); the lab's own README",
-            "Reusing a batch for more steps moves the policy further from the one that sampled it: the clip binds "
-            "more and the final success falls.",
-            [_online({"algorithm": algorithm, "updates_per_batch": updates}, ("success_probability",),
-                     algorithm=algorithm, updates_per_batch=updates)
-             for algorithm in ("grpo", "cispo", "gspo") for updates in (1, 2, 4, 8)],
-            ["final_success_probability", "iterations_to_0.9", "clip_fraction"],
-            ("success_probability",),
-            figure={"bars": [["final_success_probability", "clip_fraction"]]},
-        ),
-        Experiment(
-            "sampler-mismatch", "sample at another temperature or top-p than the trainer scores, with and without TIS",
-            "Yao et al. 2025 (truncated importance sampling for rollout/trainer mismatch); IMPALA, arXiv 1802.01561",
-            "Tokens drawn from another distribution bias the gradient; weights min(p_trainer/p_sampler, cap) correct "
-            "it where the sampler covers the trainer's support. Top-p removes tokens the trainer still gives "
-            "probability: no weight can bring them back.",
-            [_online({"sampler": "same", "tis": False}, ONLINE_CURVE)]
-            + [_online({"sampler": name, "tis": tis}, ONLINE_CURVE, **sampler, **({"tis_cap": 2.0} if tis else {}))
-               for name, sampler in (("temperature 1.5", {"rollout_temperature": 1.5}),
-                                     ("top-p 0.8", {"rollout_top_p": 0.8})) for tis in (False, True)],
-            ["final_success_probability", "iterations_to_0.9"],
-            ("success_probability",),
-            figure={"bars": [["final_success_probability"]]},
-        ),
-        Experiment(
-            "microbatch", "one batch in 1, 2, 4 micro-batches: accumulated gradient vs the full batch, per reduction",
-            "verl issue 5625 (token-mean normalized per micro-batch under gradient accumulation)",
-            "With the token mean, normalizing each micro-batch by its own token count gives a different gradient than "
-            "the full batch; normalizing by the global token count (or using the sequence mean or a constant) gives "
-            "the same gradient exactly.",
-            [({"batch": "seed"}, "run_microbatch", {})],
-            [f"{reduction}_local_m{micro}" for reduction in rl_lab.REDUCTIONS for micro in (1, 2, 4)]
-            + [f"token_global_m{micro}" for micro in (1, 2, 4)],
-            figure={"bars": [[f"{reduction}_local_m{micro}" for reduction in rl_lab.REDUCTIONS for micro in (2, 4)]
-                             + [f"token_global_m{micro}" for micro in (2, 4)]], "log": [True]},
-        ),
-        Experiment(
-            "grpo2-vs-dpo", "GRPO with G = 2 against online DPO at the same samples",
-            "It Takes Two: Your GRPO Is Secretly DPO, arXiv 2510.00977",
-            "With two samples per prompt, GRPO's advantages are +-1 on pairs with different rewards: a contrastive "
-            "update like DPO's; the two learn alike at the same number of samples.",
-            [_online({"algorithm": "grpo", "group_size": 2}, ONLINE_CURVE, group_size=2, prompts=32),
-             _online({"algorithm": "dpo", "group_size": 2}, ONLINE_CURVE, algorithm="dpo", group_size=2, prompts=32),
-             _online({"algorithm": "grpo", "group_size": 8}, ONLINE_CURVE, group_size=8, prompts=8)],
-            ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "responses_sampled"],
-            ("success_probability",),
-            figure={"bars": [["final_success_probability"]]},
-        ),
-        Experiment(
-            "four-algorithms", "PPO, DPO, GRPO, CISPO on the token task at one budget (B*G responses per iteration)",
-            "the article this lab accompanies; InstructGPT, arXiv 2203.02155; DPO, arXiv 2305.18290",
-            "At the same responses per iteration all four reach the task; PPO's critic gives per-token credit, DPO "
-            "uses only the best and worst response per prompt.",
-            [_online({"algorithm": algorithm}, ONLINE_CURVE + ("kl_reference",), algorithm=algorithm)
-             for algorithm in online_tokens.FOUR_ALGORITHMS],
-            ["final_success_probability", "iterations_to_0.9", "tokens_to_0.9", "kl_reference", "mean_correct_length", "mean_wrong_length"],
-            ("success_probability", "kl_reference"),
-            figure={"bars": [["final_success_probability", "kl_reference"]]},
-        ),
-        Experiment(
-            "dpo-label-flips", "bandit DPO with 0, 3, 6, 12 of its 12 labels reversed",
-            "the article, sec. 10.3",
-            "The training loss falls whatever the labels say; with reversed labels the clean loss rises and the true "
-            "reward falls: the optimizer solves the task it was given.",
-            [({"preference_flips": flips}, "run_bandit", {"algorithm": "dpo", "preference_flips": flips})
-             for flips in (0, 3, 6, 12)],
-            ["final_expected_reward", "dpo_training_loss", "dpo_clean_loss"],
-            ("expected_reward",),
-            figure={"bars": [["final_expected_reward", "dpo_training_loss", "dpo_clean_loss"]]},
-        ),
-        Experiment(
-            "group-size", "bandit GRPO, G = 2, 4, 8, 16 at 128 actions per iteration",
-            "the article, sec. 10.3",
-            "At a fixed action budget, larger groups mean fewer prompts per batch; most groups tie once the policy is "
-            "good, yet all reach the optimum.",
-            [({"group_size": size}, "run_bandit", {"algorithm": "grpo", "group_size": size, "grpo_prompts": 128 // size})
-             for size in (2, 4, 8, 16)],
-            ["final_expected_reward", "zero_group_fraction", "actions_to_0.9"],
-            ("expected_reward",),
-            figure={"bars": [["final_expected_reward", "zero_group_fraction"]]},
-        ),
-        Experiment(
-            "chain-lambda", "two-step chain PPO with GAE lambda 0, 0.95, 1",
-            "GAE, arXiv 1506.02438; the lab's section 6",
-            "lambda trades bias for variance; lambda 0 still learns a delayed reward through the critic's bootstrap, "
-            "only slower at the start.",
-            [({"gae_lambda": value}, "run_chain", {"gae_lambda": value}) for value in (0.0, 0.95, 1.0)],
-            ["expected_return_step_1", "expected_return_step_5", "expected_return_step_10", "final_expected_return"],
-            ("expected_return",),
-            figure={"bars": [["expected_return_step_1", "expected_return_step_5", "expected_return_step_10",
-                              "final_expected_return"]]},
-        ),
-        Experiment(
-            "reward-shift", "bandit rewards plus a constant: GRPO's advantages do not move, PPO's critic relearns",
-            "the article, sec. 10.3",
-            "A group-relative advantage subtracts the group mean, so a constant shift changes nothing; PPO's critic "
-            "starts at 0 and must first learn the shift, and until then every sampled action looks good.",
-            [({"algorithm": algorithm, "shift": shift}, "run_reward_shift",
-              {"algorithm": algorithm, "shift": shift, "steps": 40})
-             for algorithm in ("grpo", "ppo") for shift in (0.0, 5.0)],
-            ["best_action_probability_step_5", "best_action_probability_step_10", "steps_to_0.9", "advantage_change"],
-            ("best_action_probability",),
-            figure={"bars": [["best_action_probability_step_5", "best_action_probability_step_10"],
-                             ["advantage_change"]], "log": [False, True]},
-        ),
-        Experiment(
-            "sparse-reward", "bandit GRPO with sparse rewards (1 for the best action): G at 128 actions per iteration",
-            "the article, sec. 10.3",
-            "With only one rewarded action, groups tie more often (all failures early, all successes late); at a "
-            "fixed budget the group size decides how many samples learning costs.",
-            [({"group_size": size}, "run_bandit", {"algorithm": "grpo", "group_size": size,
-                                                   "grpo_prompts": 128 // size, "sparse_rewards": True})
-             for size in (2, 4, 8, 16)],
-            ["zero_group_fraction", "actions_to_0.9", "final_best_action_probability"],
-            ("expected_reward",),
-            figure={"bars": [["zero_group_fraction", "final_best_action_probability"]]},
-        ),
-    ]
+    found = [_kl_estimators(), _reduction_length_bias(), _std_scaling(), _zero_variance(), _clip_higher(),
+             _updates_per_batch(), _sampler_mismatch(), _microbatch(), _grpo2_vs_dpo(), _four_algorithms(),
+             _dpo_label_flips(), _group_size(), _chain_lambda(), _reward_shift(), _sparse_reward()]
     return {experiment.name: experiment for experiment in found}
 
 
@@ -669,21 +1538,45 @@ def _results_from_workers(all_jobs, jobs_count):
                 connection.close()
 
 
+
+def seed_list(experiment, seeds=None, seed_start=0):
+    """The seeds an experiment runs: seed_start .. seed_start + N - 1, N = `seeds` or the experiment's own."""
+    return list(range(seed_start, seed_start + (experiment.seeds if seeds is None else seeds)))
+
+
 def jobs_of(experiment, seeds):
-    """Every run of an experiment, configuration-major then seed: (name, index, label, seed, runner, options)."""
+    """Every run of an experiment over the list `seeds`, configuration-major then seed:
+    (name, index, label, seed, runner, options)."""
     jobs = []
     for label, runner, options in experiment.configurations:
-        for seed in range(seeds):
+        for seed in seeds:
             jobs.append((experiment.name, len(jobs), label, seed, runner, options))
     return jobs
 
 
+def results_by_seed(jobs, results):
+    """{seed: {configuration name: metrics}}: what a claim reads, one seed at a time."""
+    by_seed = {}
+    for (_, _, label, seed, _, _), result in zip(jobs, results):
+        by_seed.setdefault(seed, {})[configuration_name(label)] = result["metrics"]
+    return by_seed
+
+
+def _statistics(values):
+    """mean, std over seeds (sample), min, max of the values that exist (None: none exists)."""
+    if not values:
+        return None, None, None, None
+    return (math.fsum(values) / len(values), statistics.stdev(values) if len(values) > 1 else 0.0,
+            min(values), max(values))
+
+
 def summarize(experiment, jobs, results):
-    """runs rows, curve rows and summary rows (mean, std over seeds, min, max of each metric)."""
+    """runs rows, curve rows and summary rows: per configuration, each metric's mean, std over seeds, min and
+    max over the runs that have it, and for a target metric how many runs never reached it."""
     runs, curves, groups = [], [], {}
     label_keys = list(experiment.configurations[0][0])
-    for (_, index, label, seed, _, _), result in zip(jobs, results):
-        configuration = " ".join(f"{key}={value}" for key, value in label.items())
+    for (_, _, label, seed, _, _), result in zip(jobs, results):
+        configuration = configuration_name(label)
         runs.append({"configuration": configuration, **label, "seed": seed, **result["metrics"]})
         for point in result["curve"]:
             curves.append({"configuration": configuration, "seed": seed, **point})
@@ -692,22 +1585,25 @@ def summarize(experiment, jobs, results):
     for configuration, (label, metrics_list) in groups.items():
         row = {"configuration": configuration, **label, "seeds": len(metrics_list)}
         for metric in experiment.metrics:
-            values = [metrics[metric] for metrics in metrics_list]
-            row[f"{metric}_mean"] = math.fsum(values) / len(values)
-            row[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
-            row[f"{metric}_min"] = min(values)
-            row[f"{metric}_max"] = max(values)
+            values = [metrics[metric] for metrics in metrics_list if metrics[metric] is not None]
+            for stat, value in zip(("mean", "std", "min", "max"), _statistics(values)):
+                row[f"{metric}_{stat}"] = value
+            if metric in TARGET_METRICS:
+                row[f"{metric}_never"] = len(metrics_list) - len(values)
         summary.append(row)
     run_columns = ["configuration"] + label_keys + ["seed"] + list(results[0]["metrics"])
     curve_columns = list(curves[0]) if curves else []
     summary_columns = ["configuration"] + label_keys + ["seeds"] + [
-        f"{metric}_{stat}" for metric in experiment.metrics for stat in ("mean", "std", "min", "max")]
+        f"{metric}_{stat}" for metric in experiment.metrics
+        for stat in ("mean", "std", "min", "max") + (("never",) if metric in TARGET_METRICS else ())]
     return (runs, run_columns), (curves, curve_columns), (summary, summary_columns)
 
 
 def _number(value):
     """A table cell: integers as they are; floats with 4 decimals, 1 from 100 up, 2 significant digits in
-    scientific notation below 0.001 (exact identities show as e-15 there, not as 0.0000)."""
+    scientific notation below 0.001 (exact identities show as e-15 there, not as 0.0000); None as "-"."""
+    if value is None:
+        return "-"
     if not isinstance(value, float):
         return str(value)
     if value == 0:
@@ -717,16 +1613,71 @@ def _number(value):
     return f"{value:.4f}" if abs(value) >= 1e-3 else f"{value:.1e}"
 
 
-def summary_markdown(experiment, summary_rows):
-    """The summary as a Markdown table: one row per configuration, each metric as mean +- std [min, max]."""
+def _signed(value):
+    text = _number(value)
+    return text if text.startswith("-") or text == "0" else "+" + text
+
+
+def interval_text(verdict):
+    """The numbers a verdict rests on, in words: a count's share and its Wilson interval, or a mean and
+    its t-interval ("+0.0123 [+0.0040, +0.0206]")."""
+    if verdict["test"] == "exact":
+        return "exact"
+    if verdict["mean"] is None:
+        return "no seed has a value"
+    if verdict["test"] == "count":
+        text = f"share {verdict['mean']:.2f}"
+        return text + (f" [{verdict['interval'][0]:.2f}, {verdict['interval'][1]:.2f}]" if verdict["interval"] else "")
+    text = f"mean {_signed(verdict['mean'])}"
+    if verdict["interval"] is None:
+        return text + " (one seed: no interval)"
+    return text + f" [{_signed(verdict['interval'][0])}, {_signed(verdict['interval'][1])}]"
+
+
+def count_text(verdict):
+    """"4 of 5 seeds" (above 0, or inside the margin; with the seeds left out: a target never reached),
+    or "exact"."""
+    if verdict["test"] == "exact":
+        return "exact"
+    where = {"greater": " above 0", "within": f" inside +-{verdict['margin']}"}.get(verdict["test"], "")
+    text = verdict["count"] + where
+    return text + (f" ({verdict['undefined']} left out: never reached)" if verdict["undefined"] else "")
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|")  # a | inside a Markdown table cell
+
+
+def _seed_range(seeds):
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def summary_markdown(experiment, seeds, summary_rows, verdicts):
+    """The summary as Markdown: the claim, the verdict of each check, then one row per configuration with
+    each metric as mean +- std [min, max] over the seeds that have it (and how many never reached the
+    target), then the exact tables."""
+    lines = [f"**{experiment.name}**: {experiment.summary}", "", experiment.claim, "",
+             f"Source: {experiment.source}. Seeds {_seed_range(seeds)}, the same for every configuration "
+             f"(paired); 95% intervals: Student's t for a mean, Wilson's for a share.", "",
+             "| verdict | seeds | needs | claim | mean or share [95% interval] |", "|---|---|---|---|---|"]
+    for verdict in verdicts:
+        lines.append(f"| {verdict['verdict']} | {count_text(verdict)} | {verdict['needs']} | {_cell(verdict['claim'])} "
+                     f"| {interval_text(verdict)} |")
+    notes = [f"- {verdict['claim']}: {verdict['note']}" for verdict in verdicts if verdict["note"]]
+    if notes:
+        lines += [""] + notes
     header = ["configuration", "seeds"] + experiment.metrics
-    lines = [f"**{experiment.name}**: {experiment.claim}", "",
-             "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in summary_rows:
         cells = [row["configuration"], str(row["seeds"])]
         for metric in experiment.metrics:
-            cells.append(f"{_number(row[metric + '_mean'])} +- {_number(row[metric + '_std'])} "
-                         f"[{_number(row[metric + '_min'])}, {_number(row[metric + '_max'])}]")
+            never = row.get(f"{metric}_never", 0)
+            if row[metric + "_mean"] is None:
+                cells.append(f"never reached {TARGET} ({never} of {row['seeds']})")
+                continue
+            cell = (f"{_number(row[metric + '_mean'])} +- {_number(row[metric + '_std'])} "
+                    f"[{_number(row[metric + '_min'])}, {_number(row[metric + '_max'])}]")
+            cells.append(cell + (f"; {never} of {row['seeds']} never reached {TARGET}" if never else ""))
         lines.append("| " + " | ".join(cells) + " |")
     for table_name, (columns, rows) in experiment.tables.items():
         lines += ["", f"{table_name} (exact, no seeds):", "",
@@ -735,13 +1686,21 @@ def summary_markdown(experiment, summary_rows):
     return "\n".join(lines) + "\n"
 
 
-def experiment_files(experiment, seeds, jobs, results, folder):
-    """{path: text} of one experiment's outputs (the figure is added by the caller)."""
+def command_of(name, seeds=None, seed_start=0, quick=False):
+    """The command that writes an experiment's folder with these flags."""
+    return (f"python experiments.py {name}" + (f" --seeds {seeds}" if seeds is not None else "")
+            + (f" --seed-start {seed_start}" if seed_start else "") + (" --quick" if quick else ""))
+
+
+def experiment_files(experiment, seeds, jobs, results, folder, command=None):
+    """{path: text} of one experiment's outputs over the list `seeds` (the figure is added by the caller)."""
     (runs, run_columns), (curves, curve_columns), (summary, summary_columns) = summarize(experiment, jobs, results)
+    by_seed = results_by_seed(jobs, results)
+    verdicts = [check_claim(claim, by_seed) for claim in experiment.claims]
     files = {
         os.path.join(folder, "runs.csv"): csv_text(runs, run_columns),
         os.path.join(folder, "summary.csv"): csv_text(summary, summary_columns),
-        os.path.join(folder, "summary.md"): summary_markdown(experiment, summary),
+        os.path.join(folder, "summary.md"): summary_markdown(experiment, seeds, summary, verdicts),
     }
     if curves:
         files[os.path.join(folder, "curves.csv")] = csv_text(curves, curve_columns)
@@ -752,70 +1711,151 @@ def experiment_files(experiment, seeds, jobs, results, folder):
         "summary": experiment.summary,
         "source": experiment.source,
         "claim": experiment.claim,
-        "command": f"python experiments.py {experiment.name} --seeds {seeds}",
-        "seeds": list(range(seeds)),
+        "claims": verdicts,
+        "command": command or command_of(experiment.name),
+        "seeds": list(seeds),
         "configurations": [{"label": label, "runner": runner, "options": {key: list(value) if isinstance(value, tuple)
                                                                            else value for key, value in options.items()}}
                            for label, runner, options in experiment.configurations],
         "metrics": experiment.metrics,
         "curves": list(experiment.curves),
         "figure": experiment.figure,
-        "summary_statistics": "mean, std (sample, over seeds), min and max of each metric per configuration",
+        "summary_statistics": ("mean, std (sample, over seeds), min and max of each metric per configuration, over "
+                               "the runs that have it; a target metric's runs that never reached it are counted "
+                               "('never') and left out of its statistics"),
+        "verdicts": ("count: holds when at least the required seeds show the property; greater: holds when the "
+                     "required seeds are above 0 and the 95% t-interval of the mean is above 0, does not hold when "
+                     "both are true below 0, within noise otherwise; within: holds when the interval lies inside "
+                     "+-margin, does not hold when it lies wholly outside"),
         "torch": torch.__version__,
     })
     return files
 
 
-def run_experiments(names, seeds, jobs_count, finished, report=print, table=None):
-    """Run the named experiments' runs over `jobs_count` workers; call finished(name, experiment, jobs,
-    results) as soon as all runs of one experiment are done (results in job order). One progress line per
-    finished run goes to `report`. table: {name: Experiment}, default `experiments()`."""
+def atlas_rows(folder, names=None):
+    """[(experiment, settings)] of the experiment folders under `folder` that hold a settings.json, in the
+    atlas's order (`experiments()`), then any other in name order."""
+    order = list(experiments()) if names is None else list(names)
+    present = sorted(entry for entry in os.listdir(folder)
+                     if os.path.isfile(os.path.join(folder, entry, "settings.json")))
+    rows = []
+    for name in [name for name in order if name in present] + [name for name in present if name not in order]:
+        with open(os.path.join(folder, name, "settings.json"), encoding="utf-8") as handle:
+            rows.append((name, json.load(handle)))
+    return rows
+
+
+def atlas_markdown(folder="results-experiments", held_out=()):
+    """The atlas's verdicts as one Markdown table, rendered from the committed settings.json files (never
+    typed by hand): experiment, claim, verdict with its count, and the mean or share with its 95%
+    interval. held_out: more atlas folders (other seeds, e.g. --seed-start 100) whose verdicts on the same
+    claims get a column each."""
+    extra = [{(name, verdict["claim"]): verdict for name, settings in atlas_rows(other)
+              for verdict in settings.get("claims", [])} for other in held_out]
+    rows = atlas_rows(folder)
+    header = ["experiment", "claim", "needs", _first_seed_title("verdict", rows), "mean or share [95% interval]"]
+    header += [_first_seed_title("verdict", atlas_rows(other)) for other in held_out]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for name, settings in rows:
+        for verdict in settings.get("claims", []):
+            cells = [name, verdict["claim"], verdict.get("needs", ""), f"{verdict['verdict']}, {count_text(verdict)}",
+                     interval_text(verdict)]
+            for verdicts in extra:
+                other = verdicts.get((name, verdict["claim"]))
+                cells.append(f"{other['verdict']}, {count_text(other)}" if other else "-")
+            lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _first_seed_title(title, rows):
+    """"verdict (seeds from 100)": the seed set of an atlas folder, by its first seed (the experiments run
+    different numbers of seeds from it)."""
+    starts = sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")})
+    return f"{title} (seeds from {', '.join(map(str, starts))})" if starts else title
+
+
+def run_experiments(names, seeds, jobs_count, finished, report=print, table=None, seed_start=0):
+    """Run the named experiments' runs over `jobs_count` workers; call finished(name, experiment, seeds,
+    jobs, results) as soon as all runs of one experiment are done (results in job order). seeds: how many
+    per experiment (None: each experiment's own), from seed_start. The costliest runs start first; one
+    progress line per finished run goes to `report`, with an ETA weighted by the experiments' costs.
+    table: {name: Experiment}, default `experiments()`. Returns {name: seconds}, each experiment's run
+    time summed over its runs."""
     table = experiments() if table is None else table
-    all_jobs, owner = [], {}
+    all_jobs, owner, seeds_of = [], {}, {}
     for name in names:
-        for job in jobs_of(table[name], seeds):
+        seeds_of[name] = seed_list(table[name], seeds, seed_start)
+        for job in jobs_of(table[name], seeds_of[name]):
             owner[len(all_jobs)] = name
             all_jobs.append((name, len(all_jobs)) + job[2:])
-    pending = {name: len(jobs_of(table[name], seeds)) for name in names}
-    results = {}
+    cost = {index: table[owner[index]].cost for index in owner}
+    order = sorted(range(len(all_jobs)), key=lambda index: -cost[index])  # stable: ties keep the table's order
+    pending = {name: sum(1 for index in owner if owner[index] == name) for name in names}
+    results, seconds_of = {}, dict.fromkeys(names, 0.0)
+    total_cost, done_cost = sum(cost.values()), 0.0
     started = time.perf_counter()
-    iterator = map(_run_job, all_jobs) if jobs_count == 1 else _results_from_workers(all_jobs, jobs_count)
+    ordered = [all_jobs[index] for index in order]
+    iterator = map(_run_job, ordered) if jobs_count == 1 else _results_from_workers(ordered, jobs_count)
     try:
         for done, (index, seconds, result) in enumerate(iterator, start=1):
             results[index] = result
             name = owner[index]
+            seconds_of[name] += seconds
+            done_cost += cost[index]
             elapsed = time.perf_counter() - started
             job = all_jobs[index]
-            label = " ".join(f"{key}={value}" for key, value in job[2].items())
-            report(f"[{done:3d}/{len(all_jobs)}] {name} {label} seed {job[3]}: {seconds:.2f} s   "
-                   f"ETA {elapsed / done * (len(all_jobs) - done):.0f} s")
+            eta = elapsed / done_cost * (total_cost - done_cost) if done_cost > 0 else 0.0
+            report(f"[{done:3d}/{len(all_jobs)}] {name} {configuration_name(job[2])} seed {job[3]}: {seconds:.2f} s   "
+                   f"ETA {eta:.0f} s")
             pending[name] -= 1
             if pending[name] == 0:
                 indices = [i for i in range(len(all_jobs)) if owner[i] == name]
-                finished(name, table[name], [all_jobs[i] for i in indices], [results[i] for i in indices])
+                finished(name, table[name], seeds_of[name], [all_jobs[i] for i in indices],
+                         [results[i] for i in indices])
     finally:  # an early exit stops the workers now, not when the generator is collected
         if hasattr(iterator, "close"):
             iterator.close()
+    return seconds_of
+
+
+MAX_SEED_START = 2**63 - 1 - 100  # the drivers' seeds are below 2**63, and --seeds is at most 100
+
+
+def default_output(seeds=None, seed_start=0, quick=False):
+    """results-experiments for the default run; another --seeds, --seed-start or --quick writes its own
+    folder (results-experiments-seeds10-start100-quick), so that the committed atlas is only rewritten by
+    the command that made it."""
+    return ("results-experiments" + (f"-seeds{seeds}" if seeds is not None else "")
+            + (f"-start{seed_start}" if seed_start else "") + ("-quick" if quick else ""))
 
 
 def build_parser():
     names = ", ".join(experiments())
     parser = OneLineErrorParser(
         prog="experiments.py",
-        description="The phenomena atlas: named experiments over seeds, written as runs, summary tables "
-                    "(CSV and Markdown), settings and a figure per experiment.",
+        description="The phenomena atlas: named experiments over seeds, each claim checked against every seed, "
+                    "written as runs, summary tables (CSV and Markdown), verdicts, settings and a figure per "
+                    "experiment.",
     )
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"experiments to run, or 'all': {names}")
     parser.add_argument("--list", action="store_true",
                         help="name every experiment with one line, and stop (default: off)")
-    parser.add_argument("--seeds", type=int_flag(1, 100), default=DEFAULT_SEEDS,
-                        help="run seeds 0..N-1 of every configuration, integer in [1, 100] (default: 5)")
+    parser.add_argument("--seeds", type=int_flag(1, 100), default=None,
+                        help="run N seeds of every configuration, integer in [1, 100] (default: each experiment's "
+                             f"own, {DEFAULT_SEEDS} for most; --list shows it)")
+    parser.add_argument("--seed-start", type=int_flag(0, MAX_SEED_START), default=0,
+                        help=f"the first seed: seeds S..S+N-1, integer in [0, {MAX_SEED_START}] (default: 0); "
+                             "another start checks the claims on seeds nobody tuned on")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"every run at its experiment's quick size ({QUICK_STEPS} iterations for the training "
+                             "runs): the mechanism in seconds, not the effect; verdicts mean little (default: off)")
     parser.add_argument("--jobs", type=int_flag(1, 64), default=os.cpu_count() or 1,
                         help="worker processes, integer in [1, 64] (default: the machine's cores)")
     parser.add_argument("--output", default=None,
-                        help="folder of the experiments' folders (default: results-experiments for the default 5 "
-                             "seeds, results-experiments-seeds<N> for another number, so that the committed "
-                             "atlas is only rewritten by the run that made it)")
+                        help="folder of the experiments' folders (default: results-experiments for the default "
+                             "seeds; with --seeds N, --seed-start S or --quick, results-experiments-seedsN-startS-quick "
+                             "with the parts given, so that the committed atlas is only rewritten by the run that "
+                             "made it)")
     return parser
 
 
@@ -825,7 +1865,8 @@ def main(argv=None):
     table = experiments()
     if args.list:
         width = max(len(name) for name in table)
-        print("\n".join(f"{name:{width}s}  {experiment.summary}" for name, experiment in table.items()))
+        print("\n".join(f"{name:{width}s}  {experiment.seeds:3d} seeds  {experiment.summary}"
+                        for name, experiment in table.items()))
         return 0
     if not args.names:
         parser.error("argument NAME: name one or more experiments, or 'all' (see --list)")
@@ -834,10 +1875,12 @@ def main(argv=None):
         parser.error(f"argument NAME: no experiment {unknown[0]!r} (expected one of: all, {', '.join(table)})")
     names = list(table) if "all" in args.names else list(dict.fromkeys(args.names))
     if args.output is None:
-        args.output = "results-experiments" if args.seeds == DEFAULT_SEEDS else f"results-experiments-seeds{args.seeds}"
+        args.output = default_output(args.seeds, args.seed_start, args.quick)
     output_folder_or_exit(parser, args.output)
     for name in names:  # every experiment's folder, before any run
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
+    if args.quick:
+        table = {name: at_quick_size(experiment) for name, experiment in table.items()}
     import plot_results  # matplotlib only now: --list and bad names stay quick
 
     written = []
@@ -856,17 +1899,25 @@ def main(argv=None):
             except (OSError, ValueError, AttributeError):
                 pass
 
-    def finished(name, experiment, jobs, results):
+    def finished(name, experiment, seeds, jobs, results):
         folder = os.path.join(args.output, name)
-        files = experiment_files(experiment, args.seeds, jobs, results, folder)
+        command = command_of(name, args.seeds, args.seed_start, args.quick)
+        files = experiment_files(experiment, seeds, jobs, results, folder, command)
         files[os.path.join(folder, "figure.svg")] = plot_results.experiment_figure_bytes(files, ".svg")
         write_files(files)  # one experiment's files together: its folder holds all of them or none
         written.append(folder)
+        settings = json.loads(files[os.path.join(folder, "settings.json")])
+        verdicts = ", ".join(f"{verdict['verdict']} ({count_text(verdict)})" for verdict in settings["claims"])
         progress(f"-> {folder}: {', '.join(sorted(os.path.basename(path) for path in files))}")
+        progress(f"   verdicts: {verdicts}")
 
     started = time.perf_counter()
-    run_experiments(names, args.seeds, args.jobs, finished, report=progress)
-    progress(f"{len(written)} experiment(s), {time.perf_counter() - started:.1f} s on {args.jobs} worker(s)")
+    seconds = run_experiments(names, args.seeds, args.jobs, finished, report=progress, table=table,
+                              seed_start=args.seed_start)
+    progress("run time per experiment (sum over its runs, this machine): " + ", ".join(
+        f"{name} {value:.1f} s" for name, value in sorted(seconds.items(), key=lambda item: -item[1])))
+    progress(f"{len(written)} experiment(s), {sum(seconds.values()):.1f} s of runs, "
+             f"{time.perf_counter() - started:.1f} s on {args.jobs} worker(s)")
     return 0
 
 

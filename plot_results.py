@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402  (installed with matplotlib)
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator  # noqa: E402
 
 _matplotlib_log.setLevel(_previous_level)
@@ -368,10 +369,12 @@ def mark_references(axis, references):
     return list(shown.values())
 
 
-def _legend_below(figure, axis):
+def _legend_below(figure, axis, handles=None, labels=None):
     """The runs' legend in one block below every panel (matplotlib's 'outside' placement reserves its
-    room in the layout), so it never covers a curve, however many runs there are."""
-    handles, labels = axis.get_legend_handles_labels()
+    room in the layout), so it never covers a curve, however many runs there are. The entries are the
+    axis's, or `handles` and `labels` when given."""
+    if handles is None:
+        handles, labels = axis.get_legend_handles_labels()
     if not handles:
         return None
     # as many columns as fit the figure's width at the legend's font size (about 0.55 em per character);
@@ -851,10 +854,13 @@ def plot_online_all(folders):
 
 EXPERIMENT_CYCLE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
                     "#bcbd22", "#17becf", "#393b79", "#637939")
+PANEL_KINDS = ("curves", "values", "sweep", "claim")  # see experiment_figure
+PANEL_WIDTH, PANEL_HEIGHT = 4.9, 3.7  # inches per panel; up to 3 panels a row
+PANEL_TITLE_CHARACTERS = 56  # a panel title wraps at this width (about 0.55 em per character at 10.5 pt)
 
 
 def _rows_from_text(text, where):
-    """CSV text -> list of dicts, numbers as floats where they parse (labels stay strings)."""
+    """CSV text -> list of dicts, numbers as floats where they parse (labels and empty cells stay strings)."""
     try:
         rows = list(csv.DictReader(io.StringIO(text)))
     except csv.Error as error:
@@ -868,69 +874,246 @@ def _rows_from_text(text, where):
     return rows
 
 
-def _experiment_panel_curves(axis, curves, columns, configurations, colors):
-    """Mean over seeds of each column per configuration (a line: solid for the first column, dashed for the
-    second, dotted for the third) with the seeds' min-max as a band."""
-    for style, column in zip(("-", "--", ":"), columns):
-        _experiment_curve(axis, curves, column, configurations, colors, style, first=column == columns[0])
-    title = columns[0].replace("_", " ") if len(columns) == 1 else "; ".join(
-        f"{name} {column.replace('_', ' ')}" for name, column in zip(("solid:", "dashed:", "dotted:"), columns))
-    _finish(axis, textwrap.fill(title, 60), columns[0].replace("_", " ") if len(columns) == 1 else "value",
-            "iteration")
+def _value(row, column):
+    """A drawn cell: its float, or None where the cell is empty (a target never reached, a length of no
+    answer, a sampled column at step 0)."""
+    value = row.get(column)
+    return value if isinstance(value, float) else None
 
 
-def _experiment_curve(axis, curves, column, configurations, colors, style, first):
-    for configuration in configurations:
-        points = collections.defaultdict(list)
-        for row in curves:
-            if row["configuration"] == configuration and isinstance(row.get(column), float):
-                points[row["step"]].append(row[column])
+def _same(label_value, wanted):
+    """A label cell (parsed from CSV: 8.0, 'False', 'grpo') against a value from settings.json (8, false)."""
+    if isinstance(wanted, bool) or isinstance(label_value, bool):
+        return str(label_value) == str(wanted)
+    if isinstance(wanted, (int, float)) and isinstance(label_value, float):
+        return label_value == float(wanted)
+    return str(label_value) == str(wanted)
+
+
+def _selected(rows_by_configuration, where):
+    """The configurations whose label matches every key of `where` (a panel's filter: a value, or a list
+    of the values allowed)."""
+    def matches(value, wanted):
+        return any(_same(value, item) for item in wanted) if isinstance(wanted, list) else _same(value, wanted)
+
+    return [name for name, row in rows_by_configuration.items()
+            if all(matches(row.get(key), value) for key, value in (where or {}).items())]
+
+
+def experiment_styles(summary, color_by):
+    """{configuration: style}: one colour per configuration, the same in every panel. With color_by (label
+    keys), the configurations that share those keys' values share a colour, and the others keys set the
+    dashes and a shade, dark to light."""
+    names = [row["configuration"] for row in summary]
+    if not color_by:
+        return {name: {"color": EXPERIMENT_CYCLE[index % len(EXPERIMENT_CYCLE)], "linestyle": "-"}
+                for index, name in enumerate(names)}
+    groups = collections.OrderedDict()
+    for row in summary:
+        groups.setdefault(tuple(str(row.get(key)) for key in color_by), []).append(row["configuration"])
+    styles = {}
+    for index, members in enumerate(groups.values()):
+        base = EXPERIMENT_CYCLE[index % len(EXPERIMENT_CYCLE)]
+        amounts = np.linspace(-0.35, 0.35, len(members)) if len(members) > 1 else [0.0]
+        for rank, (name, amount) in enumerate(zip(members, amounts)):
+            styles[name] = {"color": _shade(base, amount), "linestyle": DASHES[rank % len(DASHES)]}
+    return styles
+
+
+def experiment_families(summary, color_by):
+    """{configuration: the colour its color_by group is shaded from} (None without color_by): the colour
+    of a line that joins a group's configurations."""
+    if not color_by:
+        return {row["configuration"]: None for row in summary}
+    keys = list(dict.fromkeys(tuple(str(row.get(key)) for key in color_by) for row in summary))
+    return {row["configuration"]: EXPERIMENT_CYCLE[keys.index(tuple(str(row.get(key)) for key in color_by))
+                                                   % len(EXPERIMENT_CYCLE)] for row in summary}
+
+
+def _label(text):
+    return text.replace("_", " ")
+
+
+def _log_if_positive(axis, values, which="y"):
+    """A log axis where asked and every drawn value is positive; a linear one otherwise (a zero or a
+    negative value has no place on a log axis)."""
+    values = [value for value in values if value is not None]
+    if values and min(values) > 0:
+        (axis.set_yscale if which == "y" else axis.set_xscale)("log")
+        return True
+    return False
+
+
+def _panel_curves(axis, panel, curves, configurations, styles):
+    """Each configuration's mean over seeds against the step (or panel["x"], averaged over seeds at each
+    step), with the seeds' min-max as a band; one line style per column when the panel has two."""
+    columns, x_column = panel["columns"], panel.get("x", "step")
+    drawn = []
+    for column_index, column in enumerate(columns):
+        for name in configurations:
+            points = collections.defaultdict(list)
+            for row in curves:
+                if row["configuration"] != name:
+                    continue
+                step, y = _value(row, "step"), _value(row, column)
+                if y is None or step is None or ("max_step" in panel and step > panel["max_step"]):
+                    continue
+                points[step].append((_value(row, x_column) if x_column != "step" else step, y))
+            steps = [step for step in sorted(points) if all(x is not None for x, _ in points[step])]
+            if not steps:
+                continue
+            xs = [sum(x for x, _ in points[step]) / len(points[step]) for step in steps]
+            ys = [[y for _, y in points[step]] for step in steps]
+            style = dict(styles[name])
+            if len(columns) > 1:
+                style["linestyle"] = DASHES[column_index % len(DASHES)]
+            axis.fill_between(xs, [min(values) for values in ys], [max(values) for values in ys],
+                              color=style["color"], alpha=0.13, linewidth=0)
+            axis.plot(xs, [sum(values) / len(values) for values in ys], linewidth=1.6, **style)
+            drawn += [value for values in ys for value in values]
+    if panel.get("log"):
+        _log_if_positive(axis, drawn)
+    default_x = {"step": "iteration", "total_tokens_sampled": "sampled tokens"}.get(x_column, _label(x_column))
+    _finish(axis, panel.get("title", _label(columns[0])), panel.get("ylabel", _label(columns[0])),
+            panel.get("xlabel", default_x))
+
+
+def _per_seed(runs, name, metric):
+    return [value for value in (_value(row, metric) for row in runs if row["configuration"] == name)
+            if value is not None]
+
+
+def _panel_values(axis, panel, summary_rows, runs, configurations, styles):
+    """Per metric a group, per configuration a column: every seed's value (dots), the mean (a wide tick,
+    its value written beside it) and the min-max range (a thin line). The axis fits the values, not 0, so
+    that 0.97 and 0.99 stay apart; a configuration whose runs never reached the target says so."""
+    metrics = panel["metrics"]
+    width = 0.8 / max(len(configurations), 1)
+    drawn = []
+    for index, name in enumerate(configurations):
+        row = summary_rows[name]
+        for group, metric in enumerate(metrics):
+            x = group + (index - (len(configurations) - 1) / 2) * width
+            style = styles[name]
+            seeds = _per_seed(runs, name, metric)
+            mean, low, high = (_value(row, f"{metric}_{stat}") for stat in ("mean", "min", "max"))
+            never = _value(row, f"{metric}_never")
+            if mean is None:
+                axis.text(x, 0.5, f"never\n({int(never or 0)})", transform=axis.get_xaxis_transform(), ha="center",
+                          va="center", fontsize=8, color=style["color"])
+                continue
+            spread = np.linspace(-0.25, 0.25, len(seeds)) * width if len(seeds) > 1 else [0.0] * len(seeds)
+            axis.scatter([x + offset for offset in spread], seeds, s=12, color=style["color"], alpha=0.55,
+                         linewidths=0, zorder=3)
+            axis.vlines(x, low, high, color=style["color"], linewidth=1.0, zorder=2)
+            axis.hlines(mean, x - 0.42 * width, x + 0.42 * width, color=style["color"], linewidth=3.0, zorder=4)
+            text = _compact(mean) + (f"\n{int(never)} never" if never else "")
+            axis.annotate(text, (x, high), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
+                          fontsize=7.5, color="0.15")
+            drawn += seeds + [mean, low, high]
+    if drawn:
+        low, high = min(drawn), max(drawn)
+        span = (high - low) or max(abs(high), 1e-12)
+        axis.set_ylim(low - 0.08 * span, high + 0.3 * span)  # room for the numbers above the ranges
+    if len(metrics) > 1:
+        axis.set_xticks(range(len(metrics)), [textwrap.fill(_label(metric), 14) for metric in metrics], fontsize=8)
+    else:
+        axis.set_xticks([])
+    axis.set_xlim(-0.5, len(metrics) - 0.5)
+    axis.set_title(panel.get("title", _label(metrics[0])))
+    axis.set_ylabel(panel.get("ylabel", _label(metrics[0]) if len(metrics) == 1 else "value"))
+    axis.grid(True, axis="y", alpha=0.3)
+
+
+def _compact(value):
+    """A value written on a figure: 4 significant digits, scientific below 1e-3."""
+    if value == 0:
+        return "0"
+    return f"{value:.1e}" if abs(value) < 1e-3 else f"{value:.4g}"
+
+
+def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, families):
+    """The metric against a numeric label (panel["x"]): one line per colour group (the configurations that
+    share every other label value), the mean over seeds with the seeds' min-max as a band, every seed a dot."""
+    x_key, metric = panel["x"], panel["metric"]
+    lines = collections.OrderedDict()
+    for name in configurations:
+        row = summary_rows[name]
+        others = tuple((key, str(value)) for key, value in row["label"].items() if key != x_key)
+        lines.setdefault(others, []).append(name)
+    xs_all, drawn = [], []
+    for members in lines.values():
+        points = []
+        for name in members:
+            x, row = _value(summary_rows[name]["label"], x_key), summary_rows[name]
+            mean = _value(row, f"{metric}_mean")
+            if x is None or mean is None:
+                continue
+            seeds = _per_seed(runs, name, metric)
+            points.append((x, mean, _value(row, f"{metric}_min"), _value(row, f"{metric}_max"), seeds))
+            never = _value(row, f"{metric}_never")
+            if never:  # the mean is over the runs that reached the target: say how many did not
+                axis.annotate(f"{int(never)} never", (x, _value(row, f"{metric}_max")), xytext=(0, 4),
+                              textcoords="offset points", ha="center", fontsize=7.5, color=styles[name]["color"])
+            axis.scatter([x] * len(seeds), seeds, s=10, color=styles[name]["color"], alpha=0.45, linewidths=0, zorder=3)
+            drawn += seeds
         if not points:
             continue
-        steps = sorted(points)
-        if steps and steps[0] == 0 and column not in ("success_probability", "expected_reward",
-                                                      "best_action_probability", "expected_return",
-                                                      "left_probability", "kl_reference"):
-            steps = steps[1:]  # step 0 of a sampled-batch column is a placeholder 0
-        mean = [sum(points[step]) / len(points[step]) for step in steps]
-        axis.fill_between(steps, [min(points[step]) for step in steps], [max(points[step]) for step in steps],
-                          color=colors[configuration], alpha=0.12, linewidth=0)
-        axis.plot(steps, mean, color=colors[configuration], linestyle=style, linewidth=1.6,
-                  label=configuration if first else None)
+        points.sort()
+        family = {families[name] for name in members}
+        if len({styles[name]["color"] for name in members}) == 1:
+            style = dict(styles[members[0]])
+        elif len(family) == 1 and None not in family:  # shades of one colour: the line in that colour
+            style = {"color": family.pop(), "linestyle": "-"}
+        else:  # each x its own colour: a grey line joins them
+            style = {"color": "0.3", "linestyle": "-"}
+        axis.fill_between([p[0] for p in points], [p[2] for p in points], [p[3] for p in points], color=style["color"],
+                          alpha=0.13, linewidth=0)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, linewidth=1.6, **style)
+        xs_all += [p[0] for p in points]
+    values = sorted(set(xs_all))
+    if values and values[0] > 0 and values[-1] / values[0] >= 8:  # 1, 2, 4, 8 or 2, 4, 8, 16: equal steps
+        axis.set_xscale("log", base=2)
+    if values:
+        axis.xaxis.set_major_locator(FixedLocator(values))
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.set_xticklabels([_compact(value) for value in values])
+    _finish(axis, panel.get("title", _label(metric)), panel.get("ylabel", _label(metric)),
+            panel.get("xlabel", _label(x_key)))
 
 
-def _experiment_panel_bars(axis, summary, metrics, colors, log_scale):
-    """Grouped bars: one group per metric, one bar per configuration (mean), whiskers min-max over seeds."""
-    configurations = [row["configuration"] for row in summary]
-    width = 0.8 / max(len(configurations), 1)
-    for index, row in enumerate(summary):
-        positions = [group + (index - (len(configurations) - 1) / 2) * width for group in range(len(metrics))]
-        means = [row[f"{metric}_mean"] for metric in metrics]
-        # max(0, ...): the mean of equal values can round a hair beyond them
-        low = [max(0.0, row[f"{metric}_mean"] - row[f"{metric}_min"]) for metric in metrics]
-        high = [max(0.0, row[f"{metric}_max"] - row[f"{metric}_mean"]) for metric in metrics]
-        if log_scale:  # an exact identity is a rounding error near 1e-16: drawn at the floor, not as "0"
-            means = [max(abs(value), 1e-17) for value in means]
-            low, high = [0.0] * len(metrics), [0.0] * len(metrics)
-        axis.bar(positions, means, width * 0.95, color=colors[row["configuration"]], label=row["configuration"],
-                 yerr=[low, high], capsize=2, error_kw={"linewidth": 0.8})
-    axis.set_xticks(range(len(metrics)), [textwrap.fill(metric.replace("_", " "), 11) for metric in metrics],
-                    fontsize=8.5)
-    if log_scale:
-        axis.set_yscale("log")
-        axis.set_ylim(1e-17, None)
-        axis.axhline(1e-12, color="0.35", linestyle=(0, (2, 2)), linewidth=1.0)
-        axis.text(1.0, 1e-12, " 1e-12: exact,\n rounding only", transform=axis.get_yaxis_transform(),
-                  fontsize=8.5, va="center", color="0.25")
-    else:
-        axis.axhline(0.0, color="black", linewidth=0.8)
-    axis.grid(True, axis="y", alpha=0.3)
-    axis.set_title("mean over seeds per configuration (whiskers: min to max)" if not log_scale else
-                   "|mean| over seeds, log scale")
+def _panel_claim(axis, panel, settings):
+    """One claim's per-seed values (a paired difference, or 1/0 for a count), their mean and 95% interval,
+    0 and the margin marked: the evidence of the verdict."""
+    verdict = settings["claims"][panel["claim"]]
+    values = [item["value"] for item in verdict["per_seed"]]
+    seeds = [item["seed"] for item in verdict["per_seed"]]
+    values = [float(value) for value in values]
+    axis.axhline(0.0, color="black", linewidth=0.8)
+    if verdict.get("margin"):
+        for sign in (-1, 1):
+            axis.axhline(sign * verdict["margin"], color="0.4", linestyle=(0, (2, 2)), linewidth=1.0)
+    axis.scatter(range(len(values)), values, s=22, color="#1f77b4", zorder=3)
+    if verdict.get("mean") is not None:
+        axis.axhline(verdict["mean"], color="#d62728", linewidth=1.4)
+        if verdict.get("interval"):
+            axis.axhspan(verdict["interval"][0], verdict["interval"][1], color="#d62728", alpha=0.12, linewidth=0)
+    axis.set_xticks(range(len(values)), [str(seed) for seed in seeds], fontsize=8)
+    title = panel.get("title") or f"{verdict['verdict']}: {verdict['count']}"
+    _finish(axis, title, panel.get("ylabel", "per-seed value"), "seed (mean and 95% interval in red)")
 
 
 def _names(value):
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _panels_of(settings):
+    """The figure's panels: settings["figure"]["panels"], or one values panel per metric (first three)."""
+    spec = settings.get("figure") or {}
+    panels = spec.get("panels")
+    if panels is None:
+        return [{"kind": "values", "metrics": [metric]} for metric in (settings.get("metrics") or [])[:3]]
+    return panels
 
 
 def _check_experiment_settings(settings, where):
@@ -941,70 +1124,135 @@ def _check_experiment_settings(settings, where):
         raise PlotInputError(f"{where}/settings.json: 'figure' must be an object")
     expected = [(settings, "metrics", _names, "a list of names"), (settings, "curves", _names, "a list of names"),
                 (settings, "seeds", lambda value: isinstance(value, list), "a list"),
-                (spec, "bars", lambda value: isinstance(value, list) and all(map(_names, value)), "a list of lists of names"),
-                (spec, "curve_panels", lambda value: isinstance(value, list) and all(map(_names, value)),
-                 "a list of lists of names"),
-                (spec, "log", lambda value: isinstance(value, list) and all(isinstance(item, bool) for item in value),
-                 "a list of true/false")]
+                (settings, "claims", lambda value: isinstance(value, list) and all(isinstance(item, dict)
+                                                                                  for item in value), "a list of objects"),
+                (spec, "panels", lambda value: isinstance(value, list) and all(isinstance(item, dict) for item in value),
+                 "a list of objects"),
+                (spec, "color_by", _names, "a list of names")]
     for holder, key, valid, kind in expected:
         if key in holder and holder[key] is not None and not valid(holder[key]):
             raise PlotInputError(f"{where}/settings.json: {key!r} must be {kind}")
+    needs = {"curves": ("columns",), "values": ("metrics",), "sweep": ("x", "metric"), "claim": ("claim",)}
+    for index, panel in enumerate(_panels_of(settings)):
+        kind = panel.get("kind")
+        if kind not in PANEL_KINDS:
+            raise PlotInputError(f"{where}/settings.json: panel {index}: 'kind' must be one of {', '.join(PANEL_KINDS)}")
+        for key in needs[kind]:
+            if key not in panel:
+                raise PlotInputError(f"{where}/settings.json: panel {index} ({kind}) needs {key!r}")
+        checks = [("columns", _names, "a list of names"), ("metrics", _names, "a list of names"),
+                  ("x", lambda value: isinstance(value, str), "a name"),
+                  ("metric", lambda value: isinstance(value, str), "a name"),
+                  ("where", lambda value: isinstance(value, dict), "an object"),
+                  ("log", lambda value: isinstance(value, bool), "true or false"),
+                  ("max_step", lambda value: isinstance(value, (int, float)) and not isinstance(value, bool), "a number"),
+                  ("claim", lambda value: isinstance(value, int) and not isinstance(value, bool)
+                   and 0 <= value < len(settings.get("claims") or []), "the index of a claim"),
+                  ("same_y_as", lambda value: isinstance(value, int) and not isinstance(value, bool)
+                   and 0 <= value < len(_panels_of(settings)), "the index of a panel")]
+        for key, valid, kind_text in checks:
+            if key in panel and not valid(panel[key]):
+                raise PlotInputError(f"{where}/settings.json: panel {index}: {key!r} must be {kind_text}")
 
 
-def _check_experiment(settings, summary, curves, where):
+def _check_cell(row, column, where, line):
+    """A drawn cell is a finite number or empty (no value in that run); anything else is refused."""
+    value = row.get(column)
+    if value == "" or (isinstance(value, float) and math.isfinite(value)):
+        return
+    raise PlotInputError(f"{where}: line {line}: {column} is missing or not a finite number ({value!r})")
+
+
+def _check_experiment(settings, summary, curves, runs, where):
     """Refuse, naming the file, what experiments.py would not have written."""
     if not summary:
         raise PlotInputError(f"{where}/summary.csv: no data rows")
     _check_experiment_settings(settings, where)
-    spec = settings.get("figure") or {}
-    bars = spec.get("bars") or [(settings.get("metrics") or [])[:3]]
-    needed = [f"{metric}_{stat}" for panel in bars for metric in panel for stat in ("mean", "min", "max")]
+    panels = _panels_of(settings)
+    metrics = [metric for panel in panels for metric in panel.get("metrics", [panel.get("metric")]) if metric]
+    needed = [f"{metric}_{stat}" for metric in metrics for stat in ("mean", "min", "max")]
     for line, row in enumerate(summary, start=2):
         if not isinstance(row.get("configuration"), str):
             raise PlotInputError(f"{where}/summary.csv: line {line}: no configuration")
         for name in needed:
-            value = row.get(name)
-            if not isinstance(value, float) or not math.isfinite(value):
-                raise PlotInputError(f"{where}/summary.csv: line {line}: {name} is missing or not a finite number")
-    # every column a panel draws, and the step, is a finite number on every row (README section 13)
-    panels = spec.get("curve_panels") or [[column] for column in settings.get("curves") or []]
-    drawn = ["step"] + [column for panel in panels for column in panel if curves and column in curves[0]]
+            if name not in row:
+                raise PlotInputError(f"{where}/summary.csv: line {line}: {name} is missing")
+            _check_cell(row, name, f"{where}/summary.csv", line)
+    for line, row in enumerate(runs, start=2):
+        if not isinstance(row.get("configuration"), str):
+            raise PlotInputError(f"{where}/runs.csv: line {line}: configuration is missing")
+        for metric in metrics:
+            if metric in row:
+                _check_cell(row, metric, f"{where}/runs.csv", line)
+    # every column a panel draws, and the step, is a finite number or empty on every row (README section 13)
+    columns = {column for panel in panels if panel.get("kind") == "curves"
+               for column in panel["columns"] + [panel.get("x", "step")]}
+    drawn = ["step"] + sorted(column for column in columns if curves and column in curves[0] and column != "step")
     for line, row in enumerate(curves, start=2):
         if not isinstance(row.get("configuration"), str):
             raise PlotInputError(f"{where}/curves.csv: line {line}: configuration is missing")
         for column in drawn:
-            value = row.get(column)
-            if not isinstance(value, float) or not math.isfinite(value):
-                raise PlotInputError(f"{where}/curves.csv: line {line}: {column} is missing or not a finite number "
-                                     f"({value!r})")
+            _check_cell(row, column, f"{where}/curves.csv", line)
+            if column == "step" and row.get(column) == "":
+                raise PlotInputError(f"{where}/curves.csv: line {line}: step is missing")
 
 
-def experiment_figure(settings, summary, curves, where="experiment"):
-    """The figure of one experiment from its parsed files: a panel per curve column (mean over seeds, band
-    min-max), then the summary's bar panels (settings["figure"]["bars"], log scale where asked)."""
-    _check_experiment(settings, summary, curves, where)
+def _experiment_legend(figure, configurations, styles):
+    """One legend below every panel: a short line per configuration in its colour and dashes."""
+    handles = [Line2D([], [], linewidth=2.0, **styles[name]) for name in configurations]
+    return _legend_below(figure, None, handles, list(configurations))
+
+
+def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
+    """The figure of one experiment from its parsed files: settings["figure"]["panels"], each one of
+
+        {"kind": "curves", "columns": [c], "x": "step", "where": {label: value}, "max_step": n, "log": bool}
+            each configuration's mean over seeds per iteration, the seeds' min-max as a band;
+        {"kind": "values", "metrics": [m, ...], "where": {...}}
+            every seed's value, the mean and the min-max per configuration (and per metric);
+        {"kind": "sweep", "x": label key, "metric": m, "where": {...}}
+            the metric against a numeric label, a line per group of the other labels;
+        {"kind": "claim", "claim": index}
+            one claim's per-seed values with their mean and 95% interval;
+
+    all with optional "title", "ylabel", "xlabel". One colour per configuration in every panel
+    (settings["figure"]["color_by"]: label keys whose values share a colour)."""
+    runs = list(runs)
+    _check_experiment(settings, summary, curves, runs, where)
     spec = settings.get("figure") or {}
-    bar_panels = spec.get("bars") or [(settings.get("metrics") or [])[:3]]
-    log_panels = spec.get("log") or [False] * len(bar_panels)
-    curve_panels = spec.get("curve_panels") or [[column] for column in settings.get("curves") or []]
-    curve_columns = [[column for column in panel if curves and column in curves[0]] for panel in curve_panels]
-    curve_columns = [panel for panel in curve_columns if panel]
-    configurations = list(dict.fromkeys(row["configuration"] for row in summary))
-    colors = {name: EXPERIMENT_CYCLE[index % len(EXPERIMENT_CYCLE)] for index, name in enumerate(configurations)}
-    panels = len(curve_columns) + len(bar_panels)
-    columns = min(panels, 3)
-    rows = -(-panels // columns)
-    figure, axes = _new_figure(rows, columns, 5.2 * columns, 4.3 * rows + 0.8)
-    for axis, panel in zip(axes, curve_columns):
-        _experiment_panel_curves(axis, curves, panel, configurations, colors)
-    for axis, metrics, log_scale in zip(axes[len(curve_columns):], bar_panels, log_panels):
-        _experiment_panel_bars(axis, summary, metrics, colors, log_scale)
-    for axis in axes[panels:]:
+    panels = _panels_of(settings)
+    header = list(summary[0])
+    label_keys = header[1: header.index("seeds")] if "seeds" in header else []  # between configuration and seeds
+    summary_rows = {row["configuration"]: {**row, "label": {key: row[key] for key in label_keys}} for row in summary}
+    configurations = list(summary_rows)
+    styles = experiment_styles(summary, spec.get("color_by"))
+    families = experiment_families(summary, spec.get("color_by"))
+    columns = 2 if len(panels) == 4 else min(len(panels), 3) or 1  # 4 panels as 2 x 2: no empty slot
+    rows = -(-len(panels) // columns) or 1
+    figure, axes = _new_figure(rows, columns, PANEL_WIDTH * columns, PANEL_HEIGHT * rows + 1.3)
+    for axis, panel in zip(axes, panels):
+        chosen = _selected({name: row["label"] for name, row in summary_rows.items()}, panel.get("where"))
+        if panel["kind"] == "curves":
+            _panel_curves(axis, panel, curves, chosen, styles)
+        elif panel["kind"] == "values":
+            _panel_values(axis, panel, summary_rows, runs, chosen, styles)
+        elif panel["kind"] == "sweep":
+            _panel_sweep(axis, panel, summary_rows, runs, chosen, styles, families)
+        else:
+            _panel_claim(axis, panel, settings)
+        axis.set_title(textwrap.fill(axis.get_title(), PANEL_TITLE_CHARACTERS))
+    for axis, panel in zip(axes, panels):
+        if "same_y_as" in panel:  # values of 0 read as 0 beside the other panel's, not on an axis of their own
+            axis.set_ylim(axes[panel["same_y_as"]].get_ylim())
+    for axis in axes[len(panels):]:
         axis.set_visible(False)
-    _legend_below(figure, axes[len(curve_columns)] if bar_panels else axes[0])
-    title = f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}"
-    figure.suptitle(textwrap.fill(title, 140) + f"\n{len(settings.get('seeds') or [])} seeds; source: "
-                    + textwrap.shorten(str(settings.get("source", "")), 120))
+    _experiment_legend(figure, configurations, styles)
+    width_characters = int(PANEL_WIDTH * columns * 72 / (0.52 * STYLE["figure.titlesize"]))  # ~0.52 em a character
+    seeds = settings.get("seeds") or []
+    seed_text = f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"{len(seeds)} seed"
+    title = textwrap.fill(f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}", width_characters)
+    figure.suptitle(title + "\n" + textwrap.fill(f"{seed_text}; source: {settings.get('source', '')}", width_characters),
+                    fontsize=STYLE["figure.titlesize"] - (0 if columns > 1 else 1.5))
     return figure
 
 
@@ -1014,7 +1262,8 @@ def experiment_figure_bytes(files, extension):
     settings = json.loads(by_name["settings.json"])
     with matplotlib.rc_context(STYLE):
         figure = experiment_figure(settings, _rows_from_text(by_name["summary.csv"], "summary.csv"),
-                                   _rows_from_text(by_name.get("curves.csv", ""), "curves.csv"))
+                                   _rows_from_text(by_name.get("curves.csv", ""), "curves.csv"),
+                                   _rows_from_text(by_name.get("runs.csv", ""), "runs.csv"))
         return figure_bytes(figure, extension)
 
 
@@ -1028,7 +1277,7 @@ def plot_experiment(folders):
     if not isinstance(settings, dict) or "experiment" not in settings:
         raise PlotInputError(f"{os.path.join(folder, 'settings.json')}: not an experiment's settings")
     texts = {}
-    for name in ("summary.csv", "curves.csv"):
+    for name in ("summary.csv", "curves.csv", "runs.csv"):
         path = os.path.join(folder, name)
         if os.path.lexists(path):
             _check_input_file(path)
@@ -1037,7 +1286,8 @@ def plot_experiment(folders):
     if "summary.csv" not in texts:
         raise PlotInputError(f"{folder}: settings.json but no summary.csv")
     return experiment_figure(settings, _rows_from_text(texts["summary.csv"], "summary.csv"),
-                             _rows_from_text(texts.get("curves.csv", ""), "curves.csv"), folder)
+                             _rows_from_text(texts.get("curves.csv", ""), "curves.csv"),
+                             _rows_from_text(texts.get("runs.csv", ""), "runs.csv"), folder)
 
 
 # kind (see detect_kind) -> function(list of input paths) -> matplotlib Figure

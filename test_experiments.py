@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,8 @@ import torch
 
 import experiments
 import online_tokens
+import plot_results
+from policies import TablePolicy, logps_of_tokens
 from lab_testing import HERE, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -81,6 +84,182 @@ class ExactIdentities(unittest.TestCase):
         self.assertAlmostEqual(ppo["advantage_change"], 5.0, places=12)
 
 
+
+class Statistics(unittest.TestCase):
+    def test_t_quantiles_match_hand_values_and_the_normal_limit(self):
+        # df 1: the Cauchy, P(|T| <= t) = 2 atan(t) / pi, so t = tan(0.95 pi / 2); df 2: P = t / sqrt(t^2 + 2)
+        self.assertAlmostEqual(experiments.t_quantile(1), math.tan(0.95 * math.pi / 2), places=9)
+        self.assertAlmostEqual(experiments.t_quantile(2), 0.95 * math.sqrt(2) / math.sqrt(1 - 0.95**2), places=9)
+        for df, published in ((4, 2.776445105), (9, 2.262157163), (19, 2.093024054), (30, 2.042272456)):
+            with self.subTest(df=df):
+                self.assertAlmostEqual(experiments.t_quantile(df), published, places=8)
+        self.assertAlmostEqual(experiments.t_quantile(100000), experiments.Z_95, places=4)
+        self.assertAlmostEqual(experiments.t_quantile(3, level=0.9), 2.353363435, places=8)
+        for bad in (0, 1.5, True):
+            with self.subTest(df=bad), self.assertRaisesRegex(ValueError, "df"):
+                experiments.t_quantile(bad)
+
+    def test_mean_interval_and_wilson_interval_by_hand(self):
+        mean, low, high = experiments.mean_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+        half = 2.776445105 * math.sqrt(2.5) / math.sqrt(5)  # t(4) * sample std / sqrt(n)
+        self.assertEqual(mean, 3.0)
+        self.assertAlmostEqual(low, 3.0 - half, places=8)
+        self.assertAlmostEqual(high, 3.0 + half, places=8)
+        self.assertEqual(experiments.mean_interval([0.7]), (0.7, None, None))  # one seed: no spread, no interval
+        # 0 of 5: centre and half-width are both (z^2 / 10) / (1 + z^2 / 5)
+        z2 = experiments.Z_95**2
+        self.assertEqual(experiments.wilson_interval(0, 5)[0], 0.0)
+        self.assertAlmostEqual(experiments.wilson_interval(0, 5)[1], 2 * (z2 / 10) / (1 + z2 / 5), places=12)
+        low, high = experiments.wilson_interval(4, 5)
+        self.assertTrue(0.3 < low < 0.8 < high <= 1.0)
+
+    def test_paired_comparison_leaves_out_seeds_without_a_value_and_counts_signs(self):
+        by_seed = {seed: {"a": {"iterations_to_0.9": a}, "b": {"iterations_to_0.9": b}}
+                   for seed, (a, b) in enumerate([(12, 10), (9, 11), (15, 10), (None, 8), (11, 11)])}
+        result = experiments.paired_comparison(by_seed, "iterations_to_0.9", "a", "b")
+        self.assertEqual([item["difference"] for item in result["per_seed"]], [2, -2, 5, 0])
+        self.assertEqual((result["seeds"], result["left_out"]), (4, 1))  # seed 3 never reached: left out, not -1
+        self.assertEqual((result["first_greater"], result["second_greater"]), (2, 1))
+        self.assertEqual(result["mean_difference"], 1.25)
+        half = experiments.t_quantile(3) * statistics.stdev([2, -2, 5, 0]) / 2
+        self.assertAlmostEqual(result["interval"][1] - 1.25, half, places=12)
+
+    def test_never_reached_runs_are_counted_and_left_out_of_the_means(self):
+        experiment = experiments.Experiment("x", "", "", "", [({"n": 1}, "run_online", {})],
+                                            ["iterations_to_0.9", "final_success_probability"])
+        jobs = experiments.jobs_of(experiment, [0, 1, 2])
+        results = [{"metrics": {"iterations_to_0.9": value, "final_success_probability": 0.5}, "curve": []}
+                   for value in (10, None, 14)]
+        (runs, _), _, (summary, columns) = experiments.summarize(experiment, jobs, results)
+        self.assertIsNone(runs[1]["iterations_to_0.9"])  # an empty cell in runs.csv
+        row = summary[0]
+        self.assertEqual((row["iterations_to_0.9_mean"], row["iterations_to_0.9_min"]), (12.0, 10))
+        self.assertEqual(row["iterations_to_0.9_never"], 1)
+        self.assertNotIn("final_success_probability_never", columns)
+        markdown = experiments.summary_markdown(experiment, [0, 1, 2], summary, [])
+        self.assertIn("| 12.0000 +- 2.8284 [10, 14]; 1 of 3 never reached 0.9 |", markdown)
+        all_never = [{"metrics": {"iterations_to_0.9": None, "final_success_probability": 0.5}, "curve": []}] * 3
+        row = experiments.summarize(experiment, jobs, all_never)[2][0][0]
+        self.assertIsNone(row["iterations_to_0.9_mean"])
+        self.assertIn("never reached 0.9 (3 of 3)", experiments.summary_markdown(experiment, [0, 1, 2], [row], []))
+
+
+def seeds_of(values, configuration="a", metric="m"):
+    return {seed: {configuration: {metric: value}} for seed, value in enumerate(values)}
+
+
+class Verdicts(unittest.TestCase):
+    def verdict(self, values, **claim):
+        return experiments.check_claim(experiments.Claim("c", lambda runs: runs["a"]["m"], **claim), seeds_of(values))
+
+    def test_a_paired_difference_holds_fails_or_is_within_noise(self):
+        holds = self.verdict([0.10, 0.20, 0.15, 0.12, 0.18], test="greater", at_least=0.8)
+        self.assertEqual((holds["verdict"], holds["count"]), ("holds", "5 of 5 seeds"))
+        self.assertGreater(holds["interval"][0], 0)
+        fails = self.verdict([-0.10, -0.20, -0.15, -0.12, 0.01], test="greater", at_least=0.8)
+        self.assertEqual((fails["verdict"], fails["count"]), ("does not hold", "1 of 5 seeds"))
+        noise = self.verdict([0.10, -0.10, 0.05, -0.02, 0.01], test="greater", at_least=0.8)
+        self.assertEqual((noise["verdict"], noise["count"]), ("within noise", "3 of 5 seeds"))
+        # 4 of 5 agree but one large value against: the interval crosses 0, so within noise
+        spread = self.verdict([0.01, 0.01, 0.01, 0.01, -1.0], test="greater", at_least=0.8)
+        self.assertEqual(spread["verdict"], "within noise")
+        one = self.verdict([0.3], test="greater")  # a single seed has no interval: never a verdict either way
+        self.assertEqual((one["verdict"], one["interval"]), ("within noise", None))
+
+    def test_a_count_needs_its_share_of_seeds_and_reports_wilson(self):
+        four = self.verdict([True, True, False, True, True], at_least=0.8)
+        self.assertEqual((four["verdict"], four["count"], four["required"]), ("holds", "4 of 5 seeds", 4))
+        self.assertEqual(four["interval"], list(experiments.wilson_interval(4, 5)))
+        self.assertEqual(self.verdict([True, True, False, True, False], at_least=0.8)["verdict"], "does not hold")
+        self.assertEqual(self.verdict([True] * 4 + [False])["verdict"], "does not hold")  # every seed by default
+        some = self.verdict([False] * 9 + [True], at_least=0.0)  # at_least 0: one seed suffices
+        self.assertEqual((some["verdict"], some["count"]), ("holds", "1 of 10 seeds"))
+
+    def test_an_equivalence_holds_inside_the_margin_and_fails_outside(self):
+        self.assertEqual(self.verdict([0.001, -0.002, 0.0, 0.002, -0.001], test="within", margin=0.01)["verdict"],
+                         "holds")
+        self.assertEqual(self.verdict([0.05, 0.06, 0.055, 0.052, 0.058], test="within", margin=0.01)["verdict"],
+                         "does not hold")
+        self.assertEqual(self.verdict([0.02, -0.02, 0.0, 0.015, -0.01], test="within", margin=0.01)["verdict"],
+                         "within noise")
+
+    def test_seeds_without_a_value_are_left_out_and_counted(self):
+        verdict = self.verdict([0.1, None, 0.2, 0.15, 0.12], test="greater", at_least=0.8)
+        self.assertEqual((verdict["seeds"], verdict["undefined"], verdict["verdict"]), (4, 1, "holds"))
+        self.assertIn("1 left out", experiments.count_text(verdict))
+
+    def test_an_exact_claim_and_the_atlas_table(self):
+        exact = experiments.check_claim(experiments.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
+        self.assertEqual((exact["verdict"], exact["count"]), ("holds", "exact, no seeds"))
+        with tempfile.TemporaryDirectory() as folder:
+            settings = {"experiment": "x", "seeds": [0, 1, 2, 3, 4], "claims": [
+                self.verdict([0.10, 0.20, 0.15, 0.12, 0.18], test="greater", at_least=0.8), exact]}
+            os.makedirs(os.path.join(folder, "x"))
+            with open(os.path.join(folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
+                json.dump(settings, handle)
+            table = experiments.atlas_markdown(folder, held_out=[folder]).splitlines()
+        self.assertEqual(table[0], "| experiment | claim | needs | verdict (seeds from 0) | mean or share [95% interval] "
+                                   "| verdict (seeds from 0) |")
+        self.assertTrue(table[2].startswith("| x | c | 4 of 5 above 0, interval above 0 | holds, 5 of 5 seeds above 0 | "
+                                            "mean +0.1500 ["))
+        self.assertEqual(table[3], "| x | e | exact | holds, exact | exact | holds, exact |")
+
+
+class ExactExpectations(unittest.TestCase):
+    def setUp(self):
+        self.state = online_tokens.setup()
+        generator = torch.Generator().manual_seed(3)
+        self.table = torch.randn(self.state.policy.table.shape, dtype=torch.float64, generator=generator)
+        self.responses = experiments.all_responses(self.state.task, 5)
+
+    def test_the_enumeration_covers_every_response_once(self):
+        self.assertEqual(self.responses.prompts.numel(), 6 * (1 + 2 + 4 + 8 + 16 + 32))  # EOS after 0..4 digits, or 5
+        probabilities = experiments.token_logps(self.table, self.responses, 1.0).sum(dim=1).exp()
+        totals = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, probabilities)
+        torch.testing.assert_close(totals, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-13)
+        # a top-p sampler never writes a token outside its nucleus: its responses still sum to 1
+        nucleus = experiments.token_logps(self.table, self.responses, 1.0, top_p=0.8).sum(dim=1).exp()
+        totals = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, nucleus)
+        torch.testing.assert_close(totals, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-13)
+        self.assertGreater(int((nucleus == 0).sum()), 0)
+
+    def test_on_policy_the_expected_estimate_is_the_exact_gradient(self):
+        exact, estimated = experiments.expected_policy_gradients(self.table, self.responses, 1.0)
+        self.assertGreater(exact.norm().item(), 1e-3)
+        self.assertLess((estimated - exact).norm().item() / exact.norm().item(), 1e-12)
+        self.assertLess(experiments.policy_gradient_bias(self.table, self.responses, 1.0, 1.0, None, 2.0), 1e-12)
+
+    def test_the_expected_estimate_of_a_mismatched_sampler_matches_monte_carlo(self):
+        exact, expected = experiments.expected_policy_gradients(self.table, self.responses, 1.0, 1.5, None, 2.0)
+        # the same estimate averaged over 20000 responses drawn at temperature 1.5, TIS weights capped at 2
+        generator = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, 6, (20000,), generator=generator)
+        samples = TablePolicy(self.table, 1.0, self.state.task.eos_id).sample(prompts, generator, temperature=1.5)
+        rewards = self.state.task.rewards(prompts, samples.completion_ids, samples.real, samples.truncated)
+        q = experiments.token_logps(self.table, self.responses, 1.5).sum(dim=1).exp()
+        baseline = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, q * self.responses.rewards)
+        leaf = self.table.clone().requires_grad_(True)
+        logits = TablePolicy(leaf, 1.0, self.state.task.eos_id).logits(prompts, samples.completion_ids)
+        logps = torch.where(samples.real, logps_of_tokens(logits, samples.completion_ids), torch.zeros(()))
+        weights = (logps.detach() - samples.sampler_logps).exp().clamp(max=2.0) * samples.real
+        surrogate = ((rewards - baseline[prompts]) * (weights * logps).sum(dim=1)).mean()
+        (sampled,) = torch.autograd.grad(surrogate, leaf)
+        self.assertLess(((sampled - expected).norm() / expected.norm()).item(), 0.1)  # Monte Carlo noise only
+        self.assertGreater(((sampled - exact).norm() / exact.norm()).item(), 0.2)  # the bias it measures
+
+    def test_expected_wrong_length_matches_the_enumeration(self):
+        for length in (5, 10):
+            with self.subTest(max_new_tokens=length):
+                state = online_tokens.setup(max_new_tokens=length)
+                state.policy.table.data.copy_(torch.randn(state.policy.table.shape, dtype=torch.float64,
+                                                          generator=torch.Generator().manual_seed(length)))
+                responses = experiments.all_responses(state.task, length)
+                probabilities = experiments.response_probabilities(state, responses)
+                wrong = responses.rewards != 1.0
+                enumerated = ((probabilities * responses.lengths)[wrong].sum() / probabilities[wrong].sum()).item()
+                self.assertAlmostEqual(experiments.expected_wrong_length(state), enumerated, places=12)
+
+
 class MechanismsAtReducedSize(unittest.TestCase):
     def test_zero_variance_is_predicted_by_the_exact_reward_distribution(self):
         result = experiments.run_zero_variance(0, group_size=4, prompts=16, steps=12)
@@ -98,17 +277,18 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(one["clip_fraction"], 0.0)  # one step per batch: every ratio is exactly 1
         self.assertGreater(eight["clip_fraction"], 0.1)
 
-    def test_every_experiment_writes_its_schema_at_reduced_size(self):
-        table = {name: experiments.reduced(experiment, 3) for name, experiment in experiments.experiments().items()}
+    def test_every_experiment_writes_its_schema_at_quick_size(self):
+        table = {name: experiments.at_quick_size(experiment) for name, experiment in experiments.experiments().items()}
         seen = {}
 
-        def finished(name, experiment, jobs, results):
-            seen[name] = experiments.experiment_files(experiment, 1, jobs, results, name)
+        def finished(name, experiment, seeds, jobs, results):
+            seen[name] = (seeds, experiments.experiment_files(experiment, seeds, jobs, results, name))
 
         experiments.run_experiments(list(table), 1, 1, finished, report=lambda line: None, table=table)
         self.assertEqual(sorted(seen), sorted(table))
-        for name, files in seen.items():
+        for name, (seeds, files) in seen.items():
             with self.subTest(experiment=name):
+                self.assertEqual(seeds, [0])
                 summary = rows_of(files[os.path.join(name, "summary.csv")])
                 runs = rows_of(files[os.path.join(name, "runs.csv")])
                 self.assertEqual(len(summary), len(table[name].configurations))
@@ -120,9 +300,21 @@ class MechanismsAtReducedSize(unittest.TestCase):
                 self.assertEqual(settings["experiment"], name)
                 self.assertTrue(settings["claim"] and settings["source"])
                 self.assertIn(f"python experiments.py {name}", settings["command"])
+                self.assertEqual(settings["seeds"], [0])
+                self.assertEqual(len(settings["claims"]), len(table[name].claims))
+                self.assertGreater(len(settings["claims"]), 0)
+                for verdict in settings["claims"]:
+                    self.assertIn(verdict["verdict"], ("holds", "does not hold", "within noise"))
+                    self.assertRegex(experiments.count_text(verdict), r"^(\d+ of \d+ seeds|exact)")
                 markdown = files[os.path.join(name, "summary.md")]
-                self.assertEqual(markdown.count("\n| "), len(summary) + 1 + sum(
+                for verdict in settings["claims"]:
+                    self.assertIn(f"| {verdict['verdict']} | {experiments.count_text(verdict)} | {verdict['needs']} | "
+                                  f"{verdict['claim'].replace('|', chr(92) + '|')} |", markdown)
+                self.assertEqual(markdown.count("\n| "), len(settings["claims"]) + 1 + len(summary) + 1 + sum(
                     len(rows) + 1 for _, rows in table[name].tables.values()))
+                self.assertTrue(experiments.command_of(name, None, 100).endswith("--seed-start 100"))
+                # its figure draws from these files: every panel's columns, metrics and claims exist
+                self.assertTrue(plot_results.experiment_figure_bytes(files, ".svg").startswith(b"<?xml"))
 
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
@@ -241,6 +433,31 @@ class CommandLine(unittest.TestCase):
                     snapshot[name] = handle.read()
             outputs.append(snapshot)
         self.assertEqual(outputs[0], outputs[1])
+
+    def test_another_seed_start_writes_another_folder_with_those_seeds(self):
+        self.assertEqual(experiments.default_output(), "results-experiments")
+        self.assertEqual(experiments.default_output(None, 100), "results-experiments-start100")
+        self.assertEqual(experiments.default_output(3, 100, True), "results-experiments-seeds3-start100-quick")
+        previous = os.getcwd()
+        os.chdir(self.tmp.name)  # the default folder is relative to where the command runs
+        self.addCleanup(os.chdir, previous)
+        code, stdout, stderr = run_main(experiments.main, ["kl-estimators", "--seeds", "3", "--seed-start", "100",
+                                                           "--jobs", "1"])
+        self.assertEqual((code, stderr), (0, ""))
+        self.assertIn("verdicts:", stdout)
+        self.assertEqual(os.listdir(self.tmp.name), ["results-experiments-seeds3-start100"])
+        folder = os.path.join(self.tmp.name, "results-experiments-seeds3-start100", "kl-estimators")
+        with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
+            settings = json.load(handle)
+        self.assertEqual(settings["seeds"], [100, 101, 102])
+        self.assertEqual(settings["command"], "python experiments.py kl-estimators --seeds 3 --seed-start 100")
+        with open(os.path.join(folder, "runs.csv"), encoding="utf-8", newline="") as handle:
+            runs = list(csv.DictReader(handle))
+        self.assertEqual([int(row["seed"]) for row in runs], [100, 101, 102] * 2)
+        self.assertTrue(all(verdict["seeds"] == 3 for verdict in settings["claims"]))
+        # the same seeds give the same numbers whatever the start: seed 100 here is run_kl_estimators(100)
+        self.assertEqual(float(runs[0]["k2_relative_bias"]),
+                         experiments.run_kl_estimators(100, "near")["metrics"]["k2_relative_bias"])
 
 
 if __name__ == "__main__":
