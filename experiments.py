@@ -716,9 +716,57 @@ def run_microbatch(seed):
 EXPERIMENT_FILES = ("runs.csv", "curves.csv", "summary.csv", "summary.md", "settings.json", "figure.svg",
                     "gradient_weight_by_successes.csv")
 # runners that train for `steps` iterations: --quick (and the tests) shorten them
+
+# the transformer's runs: the SFT start is trained once (sft.py, cached in results-sft) and every run loads it
+TRANSFORMER = {"policy": "transformer"}
+TRANSFORMER_CURVE = ("success_probability", "test_success_probability", "entropy", "kl_reference",
+                     "mean_correct_length", "mean_wrong_length")
+TRANSFORMER_EVALUATION = ("pass@1", "pass@4", "pass@16", "pass@64", "entropy_per_token", "distinct_correct_per_prompt",
+                          "mean_length_correct", "mean_length_wrong")
+TRANSFORMER_QUICK = {"steps": 2, "sft_steps": 20, "sft_folder": os.path.join("results-sft", "quick"), "prompts": 4,
+                     "group_size": 4, "eval_prompts": 2, "eval_samples": 0}
+
+
+def run_transformer(seed, curve=TRANSFORMER_CURVE, **options):
+    """One transformer run (online_tokens.train(policy="transformer", ...)): run_online's metrics and
+    curve, the sampled evaluation of the test prompts before (the SFT start) and after training
+    (test_pass@k_before / _after, entropy_per_token_..., distinct_correct_per_prompt_..., ...), the
+    exact train and test success at the start, and the sampler/trainer mismatch averaged over iterations."""
+    state = online_tokens.setup(seed=seed, **TRANSFORMER, **options)
+    rows, report = online_tokens.run(state)
+    metrics = online_metrics(rows)
+    metrics.update({
+        "initial_success_probability": rows[0]["success_probability"],
+        "initial_test_success_probability": rows[0]["test_success_probability"],
+        "final_test_success_probability": rows[-1]["test_success_probability"],
+        "generalization_gap": rows[-1]["success_probability"] - rows[-1]["test_success_probability"],
+        "initial_generalization_gap": rows[0]["success_probability"] - rows[0]["test_success_probability"],
+        "mean_wrong_length_tail": _tail(rows, "mean_wrong_length"),
+        "mean_correct_length_tail": _tail(rows, "mean_correct_length"),
+    })
+    for name in ("sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl"):
+        metrics[name] = math.fsum(row[name] for row in rows[1:]) / (len(rows) - 1)
+    metrics["first_batch_logp_diff_max"] = rows[1]["sampler_logp_diff_max"]
+    evaluation = report.get("evaluation", {})
+    for moment in ("before", "after"):  # every key in every run (None: not measured, e.g. k above the samples)
+        for key in TRANSFORMER_EVALUATION:
+            metrics[f"test_{key}_{moment}"] = evaluation.get(moment, {}).get(key)
+    points = [{"step": row["step"], **{name: None if (index == 0 and name not in AT_START) or (
+        name in ("mean_correct_length", "mean_wrong_length") and row[name] == 0) else row[name] for name in curve}}
+        for index, row in enumerate(rows)]
+    return {"metrics": metrics, "curve": points}
+
+
+def _tail(rows, column):
+    """The mean of a length column over the last LAST iterations that sampled such a response (None: none)."""
+    values = [row[column] for row in rows[-LAST:] if row[column] > 0]
+    return math.fsum(values) / len(values) if values else None
+
+
 STEP_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_sampler_mismatch", "run_bandit",
                 "run_reward_shift", "run_chain")
 RUNNERS = {function.__name__: function for function in (
+    run_transformer,
     run_online, run_zero_variance, run_std_scaling, run_sampler_mismatch, run_bandit, run_chain, run_reward_shift,
     run_kl_estimators, run_microbatch)}
 
@@ -1425,11 +1473,309 @@ def _sparse_reward():
     )
 
 
+
+# ---------------------------------------------------------------------------------------------
+# The field's effects on the transformer policy (Countdown, from its SFT start)
+# ---------------------------------------------------------------------------------------------
+
+
+def _transformer(label, **options):
+    return (label, "run_transformer", options)
+
+
+def _before_after(metric):
+    """A claim value: the test metric after training minus before (the SFT start) in one seed."""
+    def value(runs, configuration):
+        after, before = runs[configuration][f"test_{metric}_after"], runs[configuration][f"test_{metric}_before"]
+        return None if after is None or before is None else after - before
+    return value
+
+
+def _negated(value):
+    return None if value is None else -value
+
+
+def _minus(first, second):
+    return None if first is None or second is None else first - second
+
+
+def _both_negative(first, second):
+    return None if first is None or second is None else first < 0 and second < 0
+
+
+def _passk_narrowing():
+    default, strong = C({"beta": 0.02}), C({"beta": 0.2})
+    change = {metric: _before_after(metric) for metric in ("pass@1", "pass@64", "entropy_per_token",
+                                                          "distinct_correct_per_prompt")}
+    return Experiment(
+        "passk-narrowing", "transformer GRPO from its SFT start: pass@1 up, pass@k at large k down, diversity lost",
+        "Yue et al., 'Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the Base "
+        "Model?', arXiv 2504.13837",
+        "RL sharpens the policy around the answers it already finds: pass@1 on test prompts rises while pass@64 "
+        "falls below the SFT start, because the entropy and the number of distinct correct answers per prompt "
+        "fall. The ablation: a KL penalty ten times stronger holds the policy nearer its start and keeps more "
+        "of pass@64.",
+        [_transformer({"beta": beta}, beta=beta) for beta in (0.02, 0.2)],
+        ["test_pass@1_before", "test_pass@1_after", "test_pass@64_before", "test_pass@64_after",
+         "test_entropy_per_token_after", "test_distinct_correct_per_prompt_after", "kl_reference"],
+        ("test_success_probability", "entropy"),
+        claims=[
+            Claim("RL raises pass@1 on the test prompts above the SFT start", lambda runs: change["pass@1"](runs, default),
+                  "greater", 0.8),
+            Claim("RL lowers pass@64 on the test prompts below the SFT start",
+                  lambda runs: _negated(change["pass@64"](runs, default)), "greater", 0.8),
+            Claim("The cause: the entropy per sampled token and the distinct correct answers per test prompt both "
+                  "fall", lambda runs: _both_negative(change["entropy_per_token"](runs, default),
+                                                      change["distinct_correct_per_prompt"](runs, default))),
+            Claim("The ablation: with beta 0.2 pass@64 falls less than with beta 0.02",
+                  lambda runs: _minus(change["pass@64"](runs, strong), change["pass@64"](runs, default)), "greater", 0.8,
+                  note="The KL penalty pulls the policy toward its SFT start, which keeps more of its diversity; "
+                       "the price is a smaller gain in pass@1."),
+        ],
+        figure={"color_by": ["beta"], "panels": [
+            {"kind": "values", "metrics": ["test_pass@1_before", "test_pass@1_after"], "title": "test pass@1, "
+             "SFT start and after RL", "ylabel": "pass@1"},
+            {"kind": "values", "metrics": ["test_pass@64_before", "test_pass@64_after"], "title": "test pass@64, "
+             "SFT start and after RL", "ylabel": "pass@64"},
+            {"kind": "curves", "columns": ["entropy"], "title": "entropy of the sampled tokens",
+             "ylabel": "nats per token"},
+            {"kind": "values", "metrics": ["test_distinct_correct_per_prompt_after"],
+             "title": "distinct correct answers per test prompt after RL", "ylabel": "answers (of 64 samples)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=24.0,
+    )
+
+
+def _sft_vs_rl_generalization():
+    run = C({"run": "default"})
+
+    def gains(runs):
+        metrics = runs[run]
+        return (metrics["final_success_probability"] - metrics["initial_success_probability"],
+                metrics["final_test_success_probability"] - metrics["initial_test_success_probability"])
+
+    return Experiment(
+        "sft-vs-rl-generalization", "transformer GRPO: exact success on train prompts and on unseen test prompts",
+        "Chu et al., 'SFT Memorizes, RL Generalizes', arXiv 2501.17161",
+        "The transformer shares its parameters across prompts: what RL teaches on the training prompts carries "
+        "to prompts it never trained on, since Countdown's test prompts reuse the training prompts' arithmetic. "
+        "The test success rises with the train success, by at least half as much, while a gap opens between them.",
+        [_transformer({"run": "default"}, eval_samples=0)],
+        ["initial_success_probability", "final_success_probability", "initial_test_success_probability",
+         "final_test_success_probability", "generalization_gap"],
+        ("success_probability", "test_success_probability"),
+        claims=[
+            Claim("The exact success on unseen test prompts rises", lambda runs: gains(runs)[1], "greater", 0.8),
+            Claim("It rises by at least half the gain on the training prompts",
+                  lambda runs: gains(runs)[1] >= 0.5 * gains(runs)[0], at_least=0.8),
+            Claim("A generalization gap opens: train minus test success is larger at the end than at the start",
+                  lambda runs: runs[run]["generalization_gap"] - runs[run]["initial_generalization_gap"], "greater", 0.8),
+        ],
+        figure={"color_by": ["run"], "panels": [
+            {"kind": "curves", "columns": ["success_probability"], "title": "exact success, train prompts",
+             "ylabel": "p(correct)"},
+            {"kind": "curves", "columns": ["test_success_probability"], "title": "exact success, test prompts",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["generalization_gap"], "title": "train minus test success at the end",
+             "ylabel": "difference"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=18.0,
+    )
+
+
+def _clip_higher_entropy():
+    losses = ((({"loss": "grpo", "epsilon_high": 0.2}), {}), ({"loss": "grpo", "epsilon_high": 0.28},
+              {"epsilon_high": 0.28}), ({"loss": "cispo", "epsilon_high": 5.0}, {"algorithm": "cispo"}))
+    low, high, cispo = (C(label) for label, _ in losses)
+    return Experiment(
+        "clip-higher-entropy", "transformer: eps_high 0.2 vs 0.28 (and CISPO) at 4 updates per batch, entropy and pass@k",
+        "DAPO, arXiv 2503.14476, sec. 3.1 (clip-higher); MiniMax-M1 (CISPO), arXiv 2506.13585",
+        "A symmetric clip zeroes the gradient of a low-probability token with A > 0 once its ratio passes 1.2, "
+        "so rare good tokens stop gaining and the entropy collapses; a higher upper bound (0.28) lets them "
+        "grow, and CISPO zeroes no gradient at all. With 4 updates per batch the clip binds often enough to "
+        "show it.",
+        [_transformer(label, updates_per_batch=4, steps=60, eval_samples=32, **options) for label, options in losses],
+        ["entropy_last", "clip_fraction", "final_test_success_probability", "test_pass@16_after",
+         "test_distinct_correct_per_prompt_after"],
+        ("entropy", "test_success_probability"),
+        claims=[
+            Claim("The mechanism is at work: the clip zeroes some gradients at eps_high 0.2 (mean clip fraction "
+                  "above 0.005)", lambda runs: runs[low]["clip_fraction"] > 0.005),
+            Claim("eps_high 0.28 ends with a higher entropy than 0.2", difference("entropy_last", high, low),
+                  "greater", 0.8),
+            Claim("eps_high 0.28 ends with a higher test pass@16 than 0.2",
+                  difference("test_pass@16_after", high, low), "greater", 0.8),
+            Claim("CISPO ends with a higher entropy than GRPO at eps_high 0.2", difference("entropy_last", cispo, low),
+                  "greater", 0.8),
+        ],
+        figure={"color_by": ["loss", "epsilon_high"], "panels": [
+            {"kind": "curves", "columns": ["entropy"], "title": "entropy of the sampled tokens",
+             "ylabel": "nats per token"},
+            {"kind": "values", "metrics": ["clip_fraction"], "title": "share of gradients the clip zeroes",
+             "ylabel": "clip fraction"},
+            {"kind": "values", "metrics": ["test_pass@16_after"], "title": "test pass@16 after RL", "ylabel": "pass@16"},
+            {"kind": "curves", "columns": ["test_success_probability"], "title": "exact success, test prompts",
+             "ylabel": "p(correct)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=18.0,
+    )
+
+
+def _length_growth():
+    configurations = [({"reduction": reduction, "overlong": False}, {"reduction": reduction})
+                      for reduction in rl_lab.REDUCTIONS] + [
+        ({"reduction": "sequence", "overlong": True}, {"overlong_penalty": 2})]
+    sequence, token, constant, shaped = (C(label) for label, _ in configurations)
+    return Experiment(
+        "length-growth", "transformer: length of wrong answers under sequence-mean, token-mean and constant reductions",
+        "Dr. GRPO, arXiv 2503.20783, sec. 3.1 (length bias); DAPO, arXiv 2503.14476, sec. 3.4 (overlong shaping)",
+        "Dividing each response's loss by its own length lets a long wrong answer lose less per token than a "
+        "short one, so under the per-sequence mean wrong answers should grow longer than under the token mean "
+        "or a constant; DAPO's soft overlong penalty pushes responses back under the cap.",
+        [_transformer(label, steps=60, eval_samples=0, **options) for label, options in configurations],
+        ["mean_wrong_length_tail", "mean_correct_length_tail", "final_test_success_probability"],
+        ("mean_wrong_length", "mean_correct_length"),
+        claims=[
+            Claim("Wrong answers end longer under the sequence mean than under the token mean",
+                  difference("mean_wrong_length_tail", sequence, token), "greater", 0.8),
+            Claim("Wrong answers end longer under the sequence mean than under the constant",
+                  difference("mean_wrong_length_tail", sequence, constant), "greater", 0.8),
+            Claim("The overlong penalty (cache 2) shortens wrong answers under the sequence mean",
+                  difference("mean_wrong_length_tail", sequence, shaped), "greater", 0.8),
+        ],
+        figure={"color_by": ["reduction", "overlong"], "panels": [
+            {"kind": "curves", "columns": ["mean_wrong_length"], "title": "length of the wrong answers of each batch",
+             "ylabel": "tokens (EOS included)"},
+            {"kind": "values", "metrics": ["mean_wrong_length_tail"], "title": "wrong answers, last 10 iterations",
+             "ylabel": "tokens"},
+            {"kind": "values", "metrics": ["mean_correct_length_tail"], "title": "correct answers, last 10 iterations",
+             "ylabel": "tokens"},
+            {"kind": "values", "metrics": ["final_test_success_probability"], "title": "final exact test success",
+             "ylabel": "p(correct)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=12.0,
+    )
+
+
+def _precision_mismatch():
+    configurations = [({"sampler": "float32", "tis": False}, {}),
+                      ({"sampler": "float16", "tis": False}, {"sampler_dtype": "float16"}),
+                      ({"sampler": "bfloat16", "tis": False}, {"sampler_dtype": "bfloat16"}),
+                      ({"sampler": "bfloat16", "tis": True}, {"sampler_dtype": "bfloat16", "tis_cap": 2.0})]
+    fp32, fp16, bf16, bf16_tis = (C(label) for label, _ in configurations)
+    return Experiment(
+        "precision-mismatch", "transformer: a bfloat16 or float16 sampler against the float32 trainer, with TIS",
+        "Yao et al. 2025, 'Your Efficient RL Framework Secretly Brings You Off-Policy RL Training'; IMPALA "
+        "(truncated importance weights), arXiv 1802.01561",
+        "An inference engine samples in a lower precision than the trainer scores in, so the two disagree on "
+        "the log-prob of the very tokens drawn: bfloat16 (8-bit mantissa) far more than float16 (11-bit). The "
+        "mismatch is measured token by token; at this size and learning rate it is too small to change what the "
+        "run learns, with or without TIS.",
+        [_transformer(label, steps=60, eval_samples=0, **options) for label, options in configurations],
+        ["sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl", "final_test_success_probability"],
+        ("test_success_probability",),
+        claims=[
+            Claim("The mismatch orders by precision: bfloat16 > float16 > float32 in mean |log p_sampler - "
+                  "log p_trainer| per token", lambda runs: runs[bf16]["sampler_logp_diff_mean"]
+                  > runs[fp16]["sampler_logp_diff_mean"] > runs[fp32]["sampler_logp_diff_mean"]),
+            Claim("A bfloat16 sampler ends within 0.05 of the float32 sampler's test success",
+                  difference("final_test_success_probability", bf16, fp32), "within", margin=0.05),
+            Claim("TIS (cap 2) on a bfloat16 sampler changes the final test success by less than 0.05",
+                  difference("final_test_success_probability", bf16_tis, bf16), "within", margin=0.05),
+        ],
+        figure={"color_by": ["sampler", "tis"], "panels": [
+            {"kind": "values", "metrics": ["sampler_logp_diff_mean"], "title": "mean |log p sampler - log p trainer|",
+             "ylabel": "nats per token"},
+            {"kind": "values", "metrics": ["sampler_logp_diff_max"], "title": "largest |log p sampler - log p "
+             "trainer| of a batch", "ylabel": "nats"},
+            {"kind": "curves", "columns": ["test_success_probability"], "title": "exact success, test prompts",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["final_test_success_probability"], "title": "final exact test success",
+             "ylabel": "p(correct)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=14.0,
+    )
+
+
+def _kl_placement():
+    configurations = [({"kl": "k3 in the loss"}, {}), ({"kl": "k1 in the loss"}, {"kl_estimator": "k1"}),
+                      ({"kl": "k1 in the reward"}, {"kl_in": "reward", "kl_estimator": "k1"}),
+                      ({"kl": "none"}, {"beta": 0.0})]
+    k3, k1_loss, k1_reward, none = (C(label) for label, _ in configurations)
+    return Experiment(
+        "kl-placement", "transformer: the KL to the SFT start as k3 or k1 in the loss, k1 in the reward, or none",
+        "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477; TRL's RLOO and verl's "
+        "use_kl_in_reward (KL in the reward), GRPO's k3 in the loss (DeepSeekMath, arXiv 2402.03300)",
+        "As a loss term, k3's expected gradient pulls the policy toward the reference, while k1's expected gradient "
+        "is zero: k1 in the loss does nothing on average. Subtracted from the reward (beta times the summed k1), "
+        "the KL acts through the advantages instead and pulls too. Measured as each run's KL to the reference at "
+        "the end, at beta 0.02.",
+        [_transformer(label, steps=60, eval_samples=0, **options) for label, options in configurations],
+        ["kl_reference", "final_test_success_probability", "entropy_last"],
+        ("kl_reference",),
+        claims=[
+            Claim("k3 in the loss keeps the policy closer to the reference than no KL",
+                  difference("kl_reference", none, k3), "greater", 0.8),
+            Claim("k1 in the loss ends as far from the reference as no KL (within 0.3 nats)",
+                  difference("kl_reference", k1_loss, none), "within", margin=0.3,
+                  note="E[grad k1] = 0 under the sampling policy: only its noise acts."),
+            Claim("k1 in the reward keeps the policy closer to the reference than no KL",
+                  difference("kl_reference", none, k1_reward), "greater", 0.8),
+        ],
+        figure={"color_by": ["kl"], "panels": [
+            {"kind": "curves", "columns": ["kl_reference"], "title": "KL(policy ‖ reference), estimated each batch",
+             "ylabel": "nats per response"},
+            {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
+             "ylabel": "nats per response"},
+            {"kind": "values", "metrics": ["final_test_success_probability"], "title": "final exact test success",
+             "ylabel": "p(correct)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=12.0,
+    )
+
+
+def _padding_bug():
+    right, bug = C({"position_ids": "mask"}), C({"position_ids": "arange"})
+    return Experiment(
+        "padding-bug", "transformer: position ids from the attention mask vs arange on left-padded prompts",
+        "the article, sec. 7.2 (attention mask vs loss mask, left padding); Hugging Face transformers' "
+        "position_ids from the attention mask in generation",
+        "Left padding shifts a short prompt's tokens right; position ids computed from the attention mask "
+        "(cumsum - 1) give its first real token position 0, as the sampler does, while arange 0..T-1 gives it "
+        "position 1 or more. With arange the trainer scores the padded prompts' responses with other log-probs "
+        "than the sampler drew them from: a sampler/trainer mismatch made by a bug. Countdown prompts differ in "
+        "length by one token (a one- or two-digit target), so about a third of the prompts are padded.",
+        [_transformer({"position_ids": value}, position_ids=value, steps=60, eval_samples=0) for value in ("mask", "arange")],
+        ["first_batch_logp_diff_max", "sampler_logp_diff_mean", "final_test_success_probability", "kl_reference"],
+        ("test_success_probability",),
+        claims=[
+            Claim("With mask positions the trainer scores the sampled tokens as the sampler drew them (largest "
+                  "|difference| below 1e-4 in the first batch)", lambda runs: runs[right]["first_batch_logp_diff_max"]
+                  < 1e-4),
+            Claim("With arange positions it does not: the largest |difference| in the first batch exceeds 0.01 nats",
+                  lambda runs: runs[bug]["first_batch_logp_diff_max"] > 0.01),
+            Claim("The bug costs test success at the end", difference("final_test_success_probability", right, bug),
+                  "greater", 0.8),
+        ],
+        figure={"color_by": ["position_ids"], "panels": [
+            {"kind": "values", "metrics": ["first_batch_logp_diff_max"], "title": "largest |log p sampler - log p "
+             "trainer|, first batch", "ylabel": "nats"},
+            {"kind": "curves", "columns": ["test_success_probability"], "title": "exact success, test prompts",
+             "ylabel": "p(correct)"},
+            {"kind": "values", "metrics": ["final_test_success_probability"], "title": "final exact test success",
+             "ylabel": "p(correct)"}]},
+        quick=TRANSFORMER_QUICK,
+        cost=12.0,
+    )
+
+
 def experiments():
     """Every experiment of the atlas, by name."""
     found = [_kl_estimators(), _reduction_length_bias(), _std_scaling(), _zero_variance(), _clip_higher(),
              _updates_per_batch(), _sampler_mismatch(), _microbatch(), _grpo2_vs_dpo(), _four_algorithms(),
-             _dpo_label_flips(), _group_size(), _chain_lambda(), _reward_shift(), _sparse_reward()]
+             _dpo_label_flips(), _group_size(), _chain_lambda(), _reward_shift(), _sparse_reward(),
+             _passk_narrowing(), _sft_vs_rl_generalization(), _clip_higher_entropy(), _length_growth(),
+             _precision_mismatch(), _kl_placement(), _padding_bug()]
     return {experiment.name: experiment for experiment in found}
 
 
@@ -1774,6 +2120,20 @@ def _first_seed_title(title, rows):
     return f"{title} (seeds from {', '.join(map(str, starts))})" if starts else title
 
 
+def warm_start(selected):
+    """Train (or load) every SFT start the selected experiments' transformer runs load, once, here: the
+    workers then all find it cached instead of each training the same one."""
+    seen = set()
+    for experiment in selected:
+        for _, runner, options in experiment.configurations:
+            if runner == "run_transformer":
+                key = (options.get("sft_steps"), options.get("sft_folder"))
+                if key not in seen:
+                    seen.add(key)
+                    sft_options = {name: options[name] for name in ("sft_steps", "sft_folder") if name in options}
+                    online_tokens.setup(**TRANSFORMER, **sft_options)
+
+
 def run_experiments(names, seeds, jobs_count, finished, report=print, table=None, seed_start=0):
     """Run the named experiments' runs over `jobs_count` workers; call finished(name, experiment, seeds,
     jobs, results) as soon as all runs of one experiment are done (results in job order). seeds: how many
@@ -1782,6 +2142,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     table: {name: Experiment}, default `experiments()`. Returns {name: seconds}, each experiment's run
     time summed over its runs."""
     table = experiments() if table is None else table
+    warm_start(table[name] for name in names)
     all_jobs, owner, seeds_of = [], {}, {}
     for name in names:
         seeds_of[name] = seed_list(table[name], seeds, seed_start)

@@ -22,6 +22,8 @@ binary ("0", "1", "10", "11", "100", "101") followed by EOS.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from countdown import CountdownConfig, CountdownTask
@@ -125,9 +127,16 @@ class BinaryTask:
         }
 
 
+@functools.lru_cache(maxsize=8)
+def countdown_task(max_new_tokens):
+    """The default Countdown task for this response cap, built once per process (it enumerates about 11k
+    expressions; a task never changes once built)."""
+    return CountdownTask(CountdownConfig(max_new_tokens=max_new_tokens))
+
+
 TASKS = {  # name -> a builder of the task for responses of at most max_new_tokens tokens
     "binary": lambda max_new_tokens: BinaryTask(),
-    "countdown": lambda max_new_tokens: CountdownTask(CountdownConfig(max_new_tokens=max_new_tokens)),
+    "countdown": countdown_task,
 }
 # the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
 # longest expression over 4 numbers has 7 tokens + EOS
