@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import bench
 import experiments
+import library_map
 import online_tokens
 import plot_results
 import ppo_chain
@@ -105,6 +106,8 @@ PROGRAMS = {
     ]),
     "sft.py": Program(sft.main, sft.build_parser, None, "folder", [("--steps", ["--steps", "-1"])], writes=False),
     "bench.py": Program(bench.main, bench.build_parser, None, "none", [("--runs", ["--runs", "0"])], writes=False),
+    "library_map.py": Program(library_map.main, library_map.build_parser, None, "none", [("--x", ["--x"])],
+                              writes=False),
 }
 
 
