@@ -542,12 +542,15 @@ class Experiment:
                                                "atlas judged its claims.")
 
     def summary(self):
-        """summary.md from its first table on (the claim and source above it are shown from settings.json)."""
+        """summary.md without its title paragraph ("**name**: ...") and without the claim, which the page
+        shows from settings.json: its tables, notes and statistics, in its own order."""
         if "summary.md" not in self.files:
             return "(no summary.md in this folder)"
-        lines = read_text(self.root, os.path.join(self.folder, "summary.md")).splitlines()
-        start = next((index for index, line in enumerate(lines) if line.startswith("|")), len(lines))
-        return "\n".join(lines[start:]).strip()
+        text = read_text(self.root, os.path.join(self.folder, "summary.md"))
+        paragraphs = [part.strip() for part in re.split(r"\n\s*\n", text) if part.strip()]
+        if paragraphs and paragraphs[0].startswith("**"):
+            paragraphs = paragraphs[1:]
+        return "\n\n".join(part for part in paragraphs if part != self.settings.get("claim", "").strip())
 
     def configurations(self):
         rows = []
