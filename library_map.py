@@ -1,7 +1,7 @@
 """What TRL and verl call each setting of the online driver: the "trl" and "verl" blocks of every
-online.json, and the table in README.txt.
+online.json, and the table of docs/bridge.md.
 
-    python library_map.py                 # prints README's table: lab setting -> TRL, verl, what still differs
+    python library_map.py                 # prints the table: lab setting -> TRL, verl, what still differs
     python bridge.py check                # builds every block into the libraries' own config objects
 
 For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}. Each block holds
@@ -21,6 +21,8 @@ versions, so both are rerun whenever the pins move.
 from __future__ import annotations
 
 import sys
+
+from lab_io import OneLineErrorParser, run_cli
 
 ACTOR = "actor_rollout_ref.actor."
 ROLLOUT = "actor_rollout_ref.rollout."
@@ -371,7 +373,7 @@ def library_blocks(settings):
     return {"ppo": ppo_blocks, "dpo": dpo_blocks}.get(settings["algorithm"], group_blocks)(settings)
 
 
-# The README table: one row per lab setting, written from the same facts as the blocks above.
+# The table of docs/bridge.md: one row per lab setting, written from the same facts as the blocks above.
 TABLE = [
     ("--advantage grpo --scale-rewards group", "GRPOConfig(scale_rewards=\"group\")",
      "algorithm.adv_estimator=grpo", "TRL: unbiased std, eps 1e-4; verl: unbiased std, eps 1e-6; the lab: population std"),
@@ -430,12 +432,26 @@ TABLE = [
 
 
 def readme_table():
-    """TABLE as plain text for README.txt: one block per lab setting (four columns would not fit 100)."""
+    """TABLE as plain text: one block per lab setting (four columns would not fit 100 characters)."""
     lines = []
     for setting, trl, verl, note in TABLE:
         lines += [f"    {setting}", f"        TRL:  {trl}", f"        verl: {verl}", f"        note: {note}"]
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
+def build_parser():
+    return OneLineErrorParser(
+        prog="library_map.py",
+        description="Print what TRL and verl call each setting of online_tokens.py: one block per lab setting "
+                    "(the TRL option, the verl option, what still differs). Takes no flag but --help.",
+    )
+
+
+def main(argv=None):
+    build_parser().parse_args(argv)
     sys.stdout.write(readme_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1376,8 +1376,9 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--input", nargs="+", default=["results"],
-                        help="one or more output folders of one kind (bandit, chain, online run, online "
-                             "--algorithm all), overlaid and labelled by their settings, or a token report .json")
+                        help="one or more output folders of one kind, overlaid and labelled by their settings: "
+                             "bandit (results), chain (results-chain), online run, online --algorithm all, or an "
+                             "experiments.py experiment folder (results-experiments/NAME); or a token report .json")
     parser.add_argument("--output", default="results/training-curves.svg",
                         help="figure file; the extension chooses the format: .svg (deterministic) or .png; "
                              "a missing folder is created")

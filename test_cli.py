@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import bench
 import experiments
+import library_map
+import make_docs
 import online_tokens
 import plot_results
 import ppo_chain
@@ -107,6 +109,10 @@ PROGRAMS = {
     ]),
     "sft.py": Program(sft.main, sft.build_parser, None, "folder", [("--steps", ["--steps", "-1"])], writes=False),
     "bench.py": Program(bench.main, bench.build_parser, None, "none", [("--runs", ["--runs", "0"])], writes=False),
+    "library_map.py": Program(library_map.main, library_map.build_parser, None, "none", [("--x", ["--x"])],
+                              writes=False),
+    "make_docs.py": Program(make_docs.main, make_docs.build_parser, None, "none", [("--check", ["--check=yes"])],
+                            writes=False),
 }
 
 
