@@ -13,7 +13,7 @@ joined by the allowed operators, then EOS:
     prompt   BOS 3 5 7 9 : 1 2 =        (numbers 3 5 7 9, target 12)
     correct  5+7 EOS,  7+5 EOS,  3+9 EOS,  9+3 EOS,  5-3+9+..., ...
 
-Why this task (the issue asks for the effects of LLM-RL to be able to appear): a prompt has several
+Why this task (the effects of LLM-RL must be able to appear on it): a prompt has several
 correct responses (so pass@k exceeds pass@1 and a policy can lose diversity while its pass@1 rises);
 correct responses have 3, 5 or 7 tokens before the EOS (length varies, up to a cap); difficulty is
 graded by how many numbers the shortest solution needs; the test split holds (numbers, target) pairs

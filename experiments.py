@@ -1092,7 +1092,7 @@ def _updates_per_batch():
 
     return Experiment(
         "updates-per-batch", "1, 2, 4, 8 Adam steps per batch for GRPO, CISPO, GSPO: the off-policy cost",
-        "PPO, arXiv 1707.06347 (epochs per batch); the lab's own README",
+        "PPO, arXiv 1707.06347 (epochs per batch)",
         "Reusing a batch for more steps moves the policy further from the one that sampled it: the clip binds "
         "more and the final success falls, while the first iterations learn faster.",
         [_online({"algorithm": algorithm, "updates_per_batch": updates}, ("success_probability",),

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import unittest
 
+import experiments
 import make_docs
 from lab_testing import HERE, run_main, single_thread_module
 
@@ -100,8 +101,9 @@ class CommittedPages(unittest.TestCase):
         # a folder in a newer format (claims with verdicts, a summary.md with text before its tables)
         settings = {"experiment": "made-up", "summary": "a made-up experiment", "claim": "X beats Y",
                     "source": "nowhere (a made-up source)", "command": "python experiments.py made-up",
-                    "seeds": [100, 101], "claims": [{"claim": "X beats Y in most seeds", "verdict": "holds",
-                                                     "count": "2 of 2 seeds"}],
+                    "seeds": [100, 101],
+                    "claims": [experiments.check_claim(experiments.Claim("X beats Y in most seeds", lambda runs: True),
+                                                       {100: {}, 101: {}})],
                     "configurations": [{"label": {"x": 1}, "runner": "run_x", "options": {"x": 1}}]}
         summary = "**made-up**: text\n\nX beats Y\n\n| verdict | seeds |\n|---|---|\n| holds | 2 of 2 |\n"
         gone = make_docs.experiment_folders(HERE)[0]
