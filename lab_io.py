@@ -624,9 +624,14 @@ def run_cli(main_function):
         signal.signal(signum, _on_stop_signal)
     try:
         return _run(main_function)
-    finally:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
+    finally:
         for signum, handler in previous_handlers.items():
-            if handler is not _exit_at_once and handler is not None:
+            if handler is _exit_at_once or handler in (signal.SIG_DFL, None):
+                # the program's run has ended, its files written and its lines printed: a stop signal now
+                # changes nothing, so it is ignored (a handler that raises would print a traceback from the
+                # interpreter's shutdown, and the default action would kill it without a word)
+                signal.signal(signum, signal.SIG_IGN)
+            else:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
                 signal.signal(signum, handler)
 
 

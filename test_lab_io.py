@@ -493,6 +493,19 @@ class OneLineForEveryFailure(unittest.TestCase):
 class FreshProcess(unittest.TestCase):
     """What needs a new Python process: signals while torch is still loading, and a closed pipe."""
 
+    def test_a_stop_signal_after_the_run_has_ended_changes_nothing_and_prints_nothing(self):
+        # a signal that lands after main() returned (the files written, the summary printed) must neither
+        # print a traceback from the interpreter's shutdown nor kill the finished program
+        script = ("import lab_start; lab_start.exit_quietly_on_signals()\n"
+                  "import os, signal, sys, time, lab_io\n"
+                  "status = lab_io.run_cli(lambda: 0)\n"
+                  "for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+                  "    os.kill(os.getpid(), signum)\n"
+                  "time.sleep(0.2)\n"
+                  "sys.exit(status)\n")
+        finished = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=60)
+        self.assertEqual((finished.returncode, finished.stderr), (0, ""))
+
     def test_ctrl_c_while_starting_and_a_closed_pipe_end_with_one_line(self):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out")
