@@ -604,6 +604,26 @@ def _out_of_memory(error):
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
+class Progress:
+    """Progress lines of a long run on stdout: a reader that goes away (`| head`) stops the lines, not the
+    run (the files are still written; stdout then points at the null device)."""
+
+    def __init__(self):
+        self.closed = False
+
+    def __call__(self, line):
+        if self.closed:
+            return
+        try:
+            print(line, flush=True)
+        except (BrokenPipeError, OSError, ValueError, AttributeError):  # AttributeError: stdout closed (None)
+            self.closed = True
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+
+
 def run_cli(main_function):
     """Run `main_function()` as a program and return its exit status; never lets a traceback out.
 

@@ -13,17 +13,21 @@ accepted.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from lab_settings import SEED, STEPS, SettingError, check_value, declared, setting
 from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
-from tasks import TASK_DEFAULTS, TASKS
+from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASKS
 from rl_lab import KL_ESTIMATORS, REDUCTIONS, SAPO_MIN_TAU
 
+MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 # B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
 MAX_TOKEN_POSITIONS = 2**20
 GROUP = tuple(POLICY_LOSSES)  # the GRPO family: every registered policy loss
+# a transformer's batch of 2048 responses (64 prompts x 32) peaks at about 0.7 GB: 4096 stays near 1.5 GB
+POLICY_MAX_RESPONSES = {"table": 2**20, "transformer": 4096}
 # a table has one row per prompt and cannot answer a prompt it never trained on: only the binary task
 POLICY_TASKS = {"table": ("binary",), "transformer": ("countdown",)}
 EVERY = ALGORITHMS
@@ -210,7 +214,14 @@ def resolve(options):
         if needs is not None and values[needs[0]] not in needs[1]:
             holds = " or ".join(map(str, needs[1]))
             raise _error(name, f"applies only with {needs[0]} {holds}, got {values[needs[0]]}")
-    positions = values["prompts"] * values["group_size"] * values["max_new_tokens"]
+    if values["max_new_tokens"] < TASK_MIN_NEW_TOKENS[task]:
+        raise _error("max_new_tokens", f"expected at least {TASK_MIN_NEW_TOKENS[task]} for the {task} task (its "
+                                       f"longest correct response), got {values['max_new_tokens']}")
+    responses = values["prompts"] * values["group_size"]
+    if responses > POLICY_MAX_RESPONSES[policy]:
+        raise _error("prompts", f"prompts * group_size = {responses} responses per batch, more than the "
+                                f"{POLICY_MAX_RESPONSES[policy]} a {policy} policy holds in a few GB of memory")
+    positions = responses * values["max_new_tokens"]
     if positions > MAX_TOKEN_POSITIONS:
         raise _error("prompts", f"prompts * group_size * max_new_tokens = {positions} token positions per batch, "
                                 f"more than {MAX_TOKEN_POSITIONS}")
@@ -240,7 +251,10 @@ def default_output(algorithm, options):
     else:
         name = f"{prefix}-{algorithm}"
     for key, value in options.items():
-        if key not in ("reduction", "algorithm", "policy") and value != defaults[key]:
+        # a folder name (--sft-folder) is not a setting of the run's numbers: it stays out of the name
+        if key not in ("reduction", "algorithm", "policy") and BY_NAME[key].kind != "text" and value != defaults[key]:
             shown = str(value).lower() if isinstance(value, bool) else str(value)
             name += f"-{key.replace('_', '-')}-{shown}"
+    if len(name) > MAX_DEFAULT_NAME:  # many options: the start of the name, and a digest of the whole
+        name = f"{name[:MAX_DEFAULT_NAME - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
     return name

@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from lab_checks import exp_limit, torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
+    Progress,
     csv_text,
     json_text,
     output_file_or_exit,
@@ -50,6 +51,7 @@ from library_export import export_trl, export_verl  # noqa: E402
 from lab_settings import SettingError, add_arguments, given_options, help_text  # noqa: E402
 from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of  # noqa: E402
 from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block  # noqa: E402
+import policies  # noqa: E402
 from policies import POLICIES, entropies, logps_of_tokens  # noqa: E402
 from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty  # noqa: E402
 from tasks import TASKS  # noqa: E402
@@ -241,6 +243,11 @@ def rollout(state):
         ref_logits = state.reference.logits(batch.prompts, batch.completion_ids)
         batch.ref_logps = logps_of_tokens(ref_logits, batch.completion_ids)
         batch.kl_reference = kl_per_response(old_logits, ref_logits, batch.mask)
+    kept = batch.mask.bool()
+    for name in ("sampler_logps", "old_logps", "ref_logps"):  # a sampler in float16 can overflow, for one
+        if not bool(torch.isfinite(getattr(batch, name)[kept]).all()):
+            raise TrainingDiverged(f"the batch's {name} are not finite: the policy's logits overflow "
+                                   f"{getattr(batch, name).dtype} (lower --lr, or sample in another --sampler-dtype)")
     batch.responses_sampled, batch.tokens_sampled, batch.filtered_groups = (
         responses_sampled, tokens_sampled, filtered_groups)
     batch.scores = state.algorithm.scores(batch)
@@ -663,7 +670,8 @@ def summary_text(rows, report, seconds):
 
 
 def _train_timed(options):
-    state = setup(**options)  # outside the clock: torch's first optimizer construction costs ~0.8 s
+    # outside the clock: torch's first optimizer construction costs ~0.8 s, a transformer's first SFT ~30 s
+    state = setup(**options, progress=Progress())
     started = time.perf_counter()
     rows, report = run(state)
     return rows, report, time.perf_counter() - started
@@ -701,11 +709,15 @@ def main(argv=None):
     if algorithm == "all":  # each algorithm's folder too, before any training
         for name in names:
             output_folder_or_exit(parser, folders[name], ["online.csv", "online.json"])
+    sft_folder = policies.sft_cache_folder(resolve({**options, "algorithm": names[0]}))
+    if sft_folder is not None:  # a transformer's SFT cache is written there when it is trained
+        output_folder_or_exit(parser, os.path.dirname(sft_folder), flag="--sft-folder")
+        output_folder_or_exit(parser, sft_folder, policies.SFT_FILES, flag="--sft-folder")
     files, summaries, comparison, timings = {}, [], [], []
     for name in names:
         try:
             rows, report, seconds = _train_timed({**options, "algorithm": name})
-        except TrainingDiverged as error:  # nothing was written: the files come only after the training
+        except FloatingPointError as error:  # TrainingDiverged, or a sampler's overflow: nothing was written yet
             print(f"{parser.prog}: error: training diverged ({name}): {error}", file=sys.stderr)
             return 1
         csv_path, json_path = os.path.join(folders[name], "online.csv"), os.path.join(folders[name], "online.json")

@@ -30,6 +30,7 @@ import torch
 
 from lab_checks import check_tensor
 import sft
+from tasks import TASKS
 from tiny_lm import TinyLM, generate
 
 DTYPE = torch.float64
@@ -361,6 +362,15 @@ def build_transformer(cfg, task, progress=None):
                              cfg.position_ids)
 
 
+def sft_cache_folder(cfg):
+    """The folder a transformer run's SFT start is cached in (None for a table)."""
+    if cfg.policy != "transformer":
+        return None
+    task = TASKS[cfg.task](cfg.max_new_tokens)
+    return sft.cache_folder_of(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder)
+
+
+SFT_FILES = (sft.MODEL_FILE, sft.CONFIG_FILE, sft.REPORT_FILE)
 POLICIES = {"table": build_table, "transformer": build_transformer}
 # what a transformer needs besides the table's settings: Countdown as its task, a learning rate in the
 # usual fine-tuning range (a few times higher moves the policy far from its start without raising its test

@@ -35,6 +35,7 @@ import io  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import stat  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -44,6 +45,7 @@ from countdown import CountdownTask, pass_at_k  # noqa: E402
 from lab_checks import check_int, check_real, check_tensor, torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
+    Progress,
     int_flag,
     json_text,
     output_folder_or_exit,
@@ -94,19 +96,20 @@ class SFTConfig:
     """
 
     # the model (tiny_lm.TinyLMConfig's fields; dropout stays 0: the sampler and the trainer must agree)
-    n_layer: int = setting(2, "transformer blocks", low=1, high=16)
-    n_head: int = setting(4, "attention heads (d_model must be a multiple)", low=1, high=64)
-    d_model: int = setting(48, "width of the residual stream", low=1, high=1024)
-    mlp_ratio: int = setting(4, "the MLP's hidden width is mlp_ratio * d_model", low=1, high=16)
+    # (the bounds keep a run within a few GB and an hour on a CPU: larger is another project)
+    n_layer: int = setting(2, "transformer blocks", low=1, high=8)
+    n_head: int = setting(4, "attention heads (d_model must be a multiple)", low=1, high=16)
+    d_model: int = setting(48, "width of the residual stream", low=1, high=256)
+    mlp_ratio: int = setting(4, "the MLP's hidden width is mlp_ratio * d_model", low=1, high=8)
     max_len: int = setting(None, "positions of the model; off: the task's longest prompt plus its response cap",
-                           low=2, high=4096, optional=True)
+                           low=2, high=256, optional=True)
     # the data
     demonstrations: int = setting(20_000, "demonstrations drawn from the task's train prompts (mostly correct, "
                                   "some imperfect: the task's imperfect_share)", low=1, high=1_000_000)
     # the optimization
     steps: int = setting(1500, "Adam steps (0: the random initialization, untrained)", low=0, high=100_000)
     batch_size: int = setting(64, "demonstrations per step (drawn as shuffled passes over the set)",
-                              low=1, high=65_536)
+                              low=1, high=4096)
     learning_rate: float = setting(3e-3, "Adam learning rate (betas 0.9, 0.95)", low=0.0, high=1.0, low_open=True,
                                    flag="--lr")
     warmup_steps: int = setting(30, "steps of linear warm-up to the learning rate, then cosine decay to "
@@ -408,8 +411,19 @@ def cache_files(task, config, model, report):
     return {MODEL_FILE: model_bytes, REPORT_FILE: report_text, CONFIG_FILE: json_text(config_json)}
 
 
+MAX_CACHE_FILE_BYTES = 64 * 2**20  # the default model.pt is about 250 KB; the largest accepted model a few MB
+
+
 def _read(folder, name):
-    with open(os.path.join(folder, name), "rb") as handle:
+    """A cache file's bytes, if it is a regular file of a sane size: a link, a pipe (which would block), a
+    device or a huge file is a reason to retrain, never read."""
+    path = os.path.join(folder, name)
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{name} is not a regular file")
+    if info.st_size > MAX_CACHE_FILE_BYTES:
+        raise ValueError(f"{name} holds {info.st_size} bytes, far more than any SFT model")
+    with open(path, "rb") as handle:
         return handle.read()
 
 
@@ -447,13 +461,15 @@ def load_cached(task, config, folder):
     return model.eval(), report, None
 
 
-def load_or_train(task, config, cache_folder, progress=None):
+def load_or_train(task, config, cache_folder, progress=None, write=True):
     """The SFT model of (task, config): loaded from `<cache_folder>/sft-<key>/` when a usable copy is there,
     otherwise trained with `train_sft` and written there (all three files at once, lab_io.write_files).
 
-    Returns (model, report, folder). A changed setting (task, SFT config, torch version) has another key,
-    so it trains into another folder; a corrupt or partial folder (see `load_cached`) is retrained and
-    replaced, with a progress line saying why. progress: None or a callable taking one line of text.
+    Returns (model, report, folder), and with write=False (model, report, folder, files): the files are not
+    written but returned ({path: bytes or text}, empty when the model was loaded), for a caller that writes
+    them together with its own. A changed setting (task, SFT config, torch version) has another key, so it
+    trains into another folder; a corrupt or partial folder (see `load_cached`) is retrained and replaced,
+    with a progress line saying why. progress: None or a callable taking one line of text.
     Raises ValueError naming the argument; lab_io.WriteFailed (an OSError) when the files cannot be written.
     """
     _check_task(task)
@@ -462,15 +478,19 @@ def load_or_train(task, config, cache_folder, progress=None):
         raise ValueError(f"cache_folder: expected a folder name, got {cache_folder!r}")
     folder = cache_folder_of(task, config, cache_folder)
     model, report, reason = load_cached(task, config, folder)
+    files = {}
     if model is not None:
         if progress is not None:
             progress(f"sft: loaded the cached model {folder}")
-        return model, report, folder
-    if progress is not None:
-        progress(f"sft: training into {folder} ({reason})")
-    model, report = train_sft(task, config, progress)
-    files = cache_files(task, config, model, report)
-    write_files({os.path.join(folder, name): data for name, data in files.items()})
+    else:
+        if progress is not None:
+            progress(f"sft: training into {folder} ({reason})")
+        model, report = train_sft(task, config, progress)
+        files = {os.path.join(folder, name): data for name, data in cache_files(task, config, model, report).items()}
+    if not write:
+        return model, report, folder, files
+    if files:
+        write_files(files)
     return model, report, folder
 
 
@@ -695,7 +715,8 @@ def main(argv=None):
     output_folder_or_exit(parser, folder, [MODEL_FILE, CONFIG_FILE, REPORT_FILE])
     ks = tuple(k for k in PASS_KS if k <= args.samples)
     started = time.perf_counter()
-    model, report, folder = load_or_train(task, config, args.output, progress=lambda line: print(line, flush=True))
+    progress = Progress()
+    model, report, folder, cache = load_or_train(task, config, args.output, progress=progress, write=False)
     trained = time.perf_counter() - started
     evaluations = {}
     generator = torch.Generator().manual_seed(args.eval_seed)
@@ -716,7 +737,7 @@ def main(argv=None):
         "evaluation": evaluations,
     }
     path = os.path.join(args.output, EVALUATION_FILE)
-    write_files({path: json_text(document)})
+    write_files({**cache, path: json_text(document)})  # a new model and its evaluation together, or neither
     print(f"\nSFT model {folder}: {report['model']['parameters']:,} parameters, completion loss "
           f"{report['loss']['initial']:.4f} -> {report['loss']['final']:.4f} nats/token "
           f"(SFT {trained:.1f} s, evaluation {evaluated:.1f} s on this machine)\n")

@@ -141,3 +141,5 @@ TASKS = {  # name -> a builder of the task for responses of at most max_new_toke
 # the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
 # longest expression over 4 numbers has 7 tokens + EOS
 TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens": 8}}
+# the shortest cap each task accepts: Countdown's verifier needs room for its longest expression and EOS
+TASK_MIN_NEW_TOKENS = {"binary": 1, "countdown": 2 * CountdownConfig().numbers_per_prompt}

@@ -96,6 +96,9 @@ PROGRAMS = {
         ("--task", ["--task", "countdown"]),  # a table cannot answer an unseen prompt
         ("--sampler-dtype", ["--sampler-dtype", "bfloat16"]),  # the table has no separate sampler
         ("--cap-value", ["--policy", "transformer", "--algorithm", "ppo", "--cap-value", "shared"]),
+        ("--sft-folder", ["--policy", "transformer", "--sft-folder", os.devnull]),  # checked before any training
+        ("--max-new-tokens", ["--policy", "transformer", "--max-new-tokens", "7"]),  # Countdown's longest is 8
+        ("--prompts", ["--policy", "transformer", "--prompts", "4096", "--group-size", "2"]),  # memory
     ]),
     "experiments.py": Program(experiments.main, experiments.build_parser,
                               ["kl-estimators", "--seeds", "1", "--output", "{out}"], "folder", [

@@ -717,6 +717,26 @@ class TransformerRuns(unittest.TestCase):
         self.assertGreater(difference[padded.unsqueeze(1) & kept].max().item(), 1e-3)
         self.assertLess(difference[~padded.unsqueeze(1) & kept].max().item(), 1e-12)
 
+    def test_a_sampler_whose_logits_overflow_its_precision_stops_the_run(self):
+        state = online_tokens.setup(sampler_dtype="float16", **self.small)
+        with torch.no_grad():  # weights far beyond what float16 holds once multiplied through the layers
+            for parameter in state.policy.parameters():
+                parameter.mul_(1e4)
+        with self.assertRaises(FloatingPointError):  # never NaN log-probs in a batch
+            online_tokens.rollout(state)
+
+    def test_the_default_folder_names_the_settings_but_not_the_sft_folder_and_stays_short(self):
+        from online_settings import default_output
+        self.assertEqual(default_output("grpo", {"policy": "transformer", "sft_folder": "/tmp/x/../y"}),
+                         "results-online-transformer-grpo-sequence")
+        self.assertEqual(default_output("grpo", {"policy": "transformer", "learning_rate": 1e-3}),
+                         "results-online-transformer-grpo-sequence-learning-rate-0.001")
+        many = {"policy": "transformer", "eval_prompts": 3, "eval_samples": 5, "sampler_dtype": "float16",
+                "steps": 7, "prompts": 3, "group_size": 5, "temperature": 0.9, "learning_rate": 1e-4, "seed": 11}
+        long_name = default_output("grpo", many)
+        self.assertLessEqual(len(long_name), 120)
+        self.assertNotEqual(long_name, default_output("grpo", {**many, "seed": 12}))  # the digest tells them apart
+
     def test_the_kv_cache_draws_the_same_responses_as_full_forward_passes(self):
         batches = []
         for use_cache in (True, False):

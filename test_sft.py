@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 import unittest
 from unittest import mock
@@ -17,10 +18,11 @@ from unittest import mock
 import torch
 import torch.nn as nn
 
+import lab_io
 import sft
 from countdown import CountdownConfig, CountdownTask, pass_at_k
 from lab_io import json_text
-from lab_testing import run_main, single_thread_module
+from lab_testing import run_cli_in_process, run_main, single_thread_module
 from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, generate
 
 _one_thread, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -299,6 +301,23 @@ class Cache(unittest.TestCase):
                                      originals)
 
 
+    def test_a_pipe_a_link_or_a_huge_file_in_the_cache_is_never_read(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            _, _, folder = sft.load_or_train(SMALL_TASK, TINY, tmp)
+            model_path, config_path = os.path.join(folder, "model.pt"), os.path.join(folder, "config.json")
+            with open(model_path, "r+b") as handle:  # sparse: 100 MB that take no disk
+                handle.truncate(100 * 2**20)
+            self.assertIn("far more than any SFT model", sft.load_cached(SMALL_TASK, TINY, folder)[2])
+            sft.load_or_train(SMALL_TASK, TINY, tmp)  # retrained: a regular file is replaced
+            self.assertIsNone(sft.load_cached(SMALL_TASK, TINY, folder)[2])
+            os.remove(config_path)
+            os.mkfifo(config_path)  # opening it for reading would wait for a writer forever
+            self.assertIn("not a regular file", sft.load_cached(SMALL_TASK, TINY, folder)[2])
+            with self.assertRaisesRegex(lab_io.WriteFailed, "config.json"):  # and it is never replaced
+                sft.load_or_train(SMALL_TASK, TINY, tmp)
+            self.assertTrue(stat.S_ISFIFO(os.lstat(config_path).st_mode))
+
+
 # ---------------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +508,15 @@ class CommandLine(unittest.TestCase):
             self.assertEqual(code, 0)
             self.assertIn("sft: loaded the cached model", stdout)
             self.assertEqual(file_bytes(path), first)
+
+    def test_an_interrupted_evaluation_leaves_neither_the_new_model_nor_an_evaluation(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            output = os.path.join(tmp, "out")
+            with mock.patch.object(sft, "sample_evaluation", side_effect=KeyboardInterrupt):
+                code, _, stderr = run_cli_in_process(sft.main, SMALL_FLAGS + ["--output", output])
+            self.assertEqual(code, 130)
+            self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+            self.assertFalse(os.path.exists(output))  # the model is written with its evaluation, or not at all
 
 
 if __name__ == "__main__":
