@@ -1247,7 +1247,7 @@ def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
     for axis in axes[len(panels):]:
         axis.set_visible(False)
     _experiment_legend(figure, configurations, styles)
-    width_characters = int(PANEL_WIDTH * columns * 72 / (0.52 * STYLE["figure.titlesize"]))  # ~0.52 em a character
+    width_characters = int(PANEL_WIDTH * columns * 72 / (0.6 * STYLE["figure.titlesize"]))  # ~0.6 em a character
     seeds = settings.get("seeds") or []
     seed_text = f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"{len(seeds)} seed"
     title = textwrap.fill(f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}", width_characters)
