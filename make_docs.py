@@ -582,7 +582,10 @@ def atlas_table(root):
     experiments = importlib.import_module("experiments")
     names = experiment_folders(root)
     if hasattr(experiments, "atlas_markdown"):
-        text = experiments.atlas_markdown(os.path.join(root, ATLAS)).strip()
+        # the committed held-out seed sets (results-experiments-start<S>) get a verdict column each
+        held_out = sorted(os.path.join(root, name) for name in os.listdir(root)
+                          if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
+        text = experiments.atlas_markdown(os.path.join(root, ATLAS), held_out=held_out).strip()
     else:
         lines = ["| experiment | claim | source | verdict |", "|---|---|---|---|"]
         for name in names:
