@@ -646,7 +646,7 @@ def run_cli(main_function):
         return _run(main_function)
     finally:
         for signum, handler in previous_handlers.items():
-            if handler is _exit_at_once or handler in (signal.SIG_DFL, None):
+            if handler is _exit_at_once:  # run_cli ran a program started by lab_start, not an in-process call
                 # the program's run has ended, its files written and its lines printed: a stop signal now
                 # changes nothing, so it is ignored (a handler that raises would print a traceback from the
                 # interpreter's shutdown, and the default action would kill it without a word)
