@@ -40,6 +40,7 @@ from lab_checks import (  # noqa: E402
     finite_result,
     stored,
     torch_threads,
+    training_mode,
 )
 from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
 from lab_io import (  # noqa: E402
@@ -1217,7 +1218,7 @@ def _clip_grad_norm_step(optimizer, params, loss):
     optimizer.step()
 
 
-@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
+@training_mode()  # the updates need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)
 def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16, reward_shift=0.0,
           sparse_rewards=False):
@@ -1460,7 +1461,7 @@ def _rounded(values, digits=12):
     return round(values, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
-@torch.enable_grad()  # the examples differentiate, even when the caller runs under torch.no_grad()
+@training_mode()  # the examples differentiate, even under the caller's torch.no_grad() or inference_mode()
 def atomic_demo():
     """Small inputs with known answers for every atom; returns a JSON-ready dict of lists and floats."""
     t = lambda values, **kw: torch.tensor(values, dtype=DTYPE, **kw)  # noqa: E731 (a local shorthand)
