@@ -163,16 +163,19 @@ def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=N
     |ratio - 1| > eps is larger. CISPO never zeroes a token (its weight is capped, the gradient kept).
 
     Args:
-        ratio: (...) float, current/old probability ratios (detached here).
+        ratio: (...) float, current/old probability ratios, >= 0 (detached here).
         advantages: (...) same shape and dtype (detached here).
         epsilon, epsilon_high, dual_clip: as `clipped_policy_loss`.
     Returns:
         0-dim tensor in [0, 1], without grad.
     Raises:
-        ValueError naming the argument for bad tensors or scalars.
+        ValueError naming the argument for bad tensors or scalars, or a negative ratio.
     """
     if check:
         check_matching([("ratio", ratio), ("advantages", advantages)])
+        # a ratio is exp(logp - old_logp): a negative one is a wrong argument (a log-ratio, a difference)
+        if bool((stored(ratio) < 0).any()):
+            raise ValueError("ratio: expected probability ratios >= 0 (exp of a log-ratio), got a negative value")
         epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     ratio, advantages = _constant(ratio), _constant(advantages)

@@ -786,6 +786,16 @@ class ClipVariants(unittest.TestCase):
                 self.assertEqual(clip_fraction(logp.detach().exp(), adv, **kwargs).item(), zeroed.item())
                 self.assertGreater(zeroed.item(), 0.0)
 
+    def test_clip_fraction_refuses_a_negative_ratio_and_accepts_zero(self):
+        # a ratio is exp(logp - old_logp), never < 0: a negative one is a log-ratio passed by mistake
+        for ratio in (t([-1.0]), t([1.0, -1e-300]), t([-1.0]).expand(4)):
+            with self.subTest(ratio=ratio.tolist()), self.assertRaisesRegex(
+                    ValueError, r"^ratio: expected probability ratios >= 0 \(exp of a log-ratio\)"):
+                clip_fraction(ratio, torch.ones_like(ratio))
+        # exp() of a very negative log-ratio underflows to 0: a possible ratio, clipped for A < 0
+        self.assertEqual(clip_fraction(t([0.0, 0.0]), t([-1.0, 1.0])).item(), 0.5)
+        self.assertEqual(clip_fraction(t([-1.0]), t([1.0]), check=False).item(), 0.0)  # the loop's own tensors
+
     def test_grpo_loss_passes_clip_higher_and_dual_clip_through(self):
         logp = t([[math.log(1.25), math.log(4.0)]])
         zeros = torch.zeros(1, 2, dtype=DTYPE)
