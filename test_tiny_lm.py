@@ -449,16 +449,40 @@ class Sampling(unittest.TestCase):
     def test_every_function_taking_a_model_refuses_anything_else_naming_model(self):
         ids, mask = padded_batch([p + c for p, c in PAIRS], 8, "left")
         completion = completion_mask_of([len(p) for p, _ in PAIRS], mask)
-        calls = {
+
+        class Logits(torch.nn.Module):  # a stand-in scorer: fixed logits whatever the input
+            def __init__(self, logits):
+                super().__init__()
+                self.logits = logits
+
+            def forward(self, input_ids, attention_mask=None, position_ids=None):
+                return self.logits
+
+        scorers = {
             "completion_scores": lambda model: completion_scores(model, ids, mask, completion),
             "completion_log_probs": lambda model: completion_log_probs(model, ids, mask, completion),
-            "generate": lambda model: generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD),
         }
-        for name, call in calls.items():
-            for model in (None, "TinyLM", torch.nn.Linear(2, 2), small_model().state_dict()):
+        sampler = lambda model: generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD)  # noqa: E731
+        not_modules = (None, "TinyLM", small_model().state_dict())
+        for name, call in [*scorers.items(), ("generate", sampler)]:
+            for model in not_modules:
                 with self.subTest(function=name, model=type(model).__name__), \
-                        self.assertRaisesRegex(ValueError, f"^model: expected a TinyLM, got {type(model).__name__}$"):
+                        self.assertRaisesRegex(ValueError, f"^model: expected a TinyLM.*, got {type(model).__name__}$"):
                     call(model)
+        # generate needs the model's config and cache; scoring needs only (N, T, V) logits
+        with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got Logits$"):
+            sampler(Logits(torch.zeros(3, 8, 8)))
+        uniform = Logits(torch.zeros(3, 8, 8, dtype=torch.float64))
+        self.assertEqual(scorers["completion_log_probs"](uniform)[completion[:, 1:].bool()].tolist(),
+                         [-math.log(8)] * int(completion[:, 1:].sum()))
+        for logits in (torch.zeros(3, 8), torch.zeros(3, 7, 8), torch.zeros(3, 8, 8, dtype=torch.long), [0.0]):
+            for name, call in scorers.items():
+                with self.subTest(function=name, logits=getattr(logits, "shape", logits)), \
+                        self.assertRaisesRegex(ValueError, r"^model: expected floating \(N, T, V\) logits for "
+                                                           r"input_ids of shape \(3, 8\)"):
+                    call(Logits(logits))
+        with self.assertRaisesRegex(ValueError, "^model: with_values needs a TinyLM with a value head, got Logits"):
+            completion_scores(uniform, ids, mask, completion, with_values=True)
 
     def test_tempered_log_probs_refuses_bad_arguments_naming_them(self):
         logits = t([0.5, 0.3, 0.2]).log()

@@ -365,6 +365,23 @@ def _check_model(model):
         raise ValueError(f"model: expected a TinyLM, got {type(model).__name__}")
 
 
+def _check_scoring_model(model):
+    """A model to score with: a TinyLM, or any nn.Module called as model(input_ids, attention_mask,
+    position_ids) that returns (N, T, V) logits (a test's stand-in with fixed logits)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model: expected a TinyLM (or an nn.Module returning (N, T, V) logits), "
+                         f"got {type(model).__name__}")
+
+
+def _check_model_logits(logits, input_ids):
+    if not (isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.dim() == 3
+            and logits.shape[:2] == input_ids.shape):
+        got = (f"shape {tuple(logits.shape)}, {logits.dtype}" if isinstance(logits, torch.Tensor)
+               else type(logits).__name__)
+        raise ValueError(f"model: expected floating (N, T, V) logits for input_ids of shape {tuple(input_ids.shape)}, "
+                         f"got {got}")
+
+
 def _check_logits(name, logits):
     """Raise LogitsOverflow, naming `name` and the dtype of the logits, unless every logit is finite."""
     if not bool(torch.isfinite(logits).all()):
@@ -426,7 +443,8 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
     """Log-probs, entropy and (optionally) values of the completion tokens, with gradient, in one forward pass.
 
     Args:
-        model: a TinyLM (in the dtype to score in).
+        model: a TinyLM (in the dtype to score in), or any nn.Module called as
+            model(input_ids, attention_mask, position_ids) that returns (N, T, V) logits.
         input_ids: (N, T) int, prompt + completion (+ padding), T >= 2.
         attention_mask: (N, T) 0/1, 1 = real token (prompt or completion), 0 = padding; decides what
             is attended to and the position ids.
@@ -440,13 +458,13 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
         torch.where, so gradient flows only through kept entries (a pad or prompt token gets no loss,
         and padding gets no gradient at all); log_softmax (N, T-1, V) unmasked.
     Raises:
-        ValueError naming the argument: a model that is not a TinyLM, shapes, dtypes, T < 2, a
-        completion token that is padding, temperature <= 0 or so small that logits / temperature
-        overflows, with_values without a value head.
+        ValueError naming the argument: a model that is not an nn.Module or returns no (N, T, V)
+        logits, shapes, dtypes, T < 2, a completion token that is padding, temperature <= 0 or so
+        small that logits / temperature overflows, with_values without a TinyLM with a value head.
         LogitsOverflow (a FloatingPointError) naming model and its dtype when the forward pass gives
         NaN or inf logits.
     """
-    _check_model(model)
+    _check_scoring_model(model)
     check_tensor("input_ids", input_ids, kind="int", ndim=2)
     attention = _mask_int64("attention_mask", attention_mask)
     completion = _mask_int64("completion_mask", completion_mask)
@@ -458,9 +476,12 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
         raise ValueError("completion_mask: a completion token must be real (attention_mask 1 there)")
     check_real("temperature", temperature, low=0.0, low_open=True)
     if with_values:
+        if not isinstance(model, TinyLM):
+            raise ValueError(f"model: with_values needs a TinyLM with a value head, got {type(model).__name__}")
         logits, values = model.logits_and_values(input_ids, attention, position_ids)  # (N, T, V), (N, T)
     else:
         logits, values = model(input_ids, attention, position_ids), None  # (N, T, V)
+    _check_model_logits(logits, input_ids)
     _check_logits("model", logits)
     log_softmax = _tempered_log_probs(logits[:, :-1], temperature, 1.0)  # (N, T-1, V): row t scores token t+1
     scored = completion[:, 1:].bool()  # (N, T-1); position 0 is never predicted
