@@ -19,8 +19,10 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
 
     exit_quietly_on_signals()
 
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -63,6 +65,23 @@ def machine():
         pass
     return (f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
             f"{platform.system()} {platform.machine()}")
+
+
+@contextlib.contextmanager
+def scratch_folder():
+    """A fresh temporary folder for the drivers' outputs, removed when the block ends, however it ends.
+
+    A folder that cannot be removed (TMPDIR made read-only or full meanwhile) is left behind, never
+    reported: the error that ended the block is the one to report, and a clean-up error would replace it
+    with the bare name of a file inside the folder. tempfile.TemporaryDirectory cannot promise that on
+    Python 3.11: even with ignore_cleanup_errors=True, a PermissionError while removing the folder ends
+    in a RecursionError.
+    """
+    folder = tempfile.mkdtemp()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def timed_process(argv, runs, folder):
@@ -177,7 +196,7 @@ def transformer_lines(runs):
     import policies
     import sft
 
-    with tempfile.TemporaryDirectory() as cache, torch_threads(1):
+    with scratch_folder() as cache, torch_threads(1):
         task = countdown.CountdownTask()
         started = time.perf_counter()
         model, report, _ = sft.load_or_train(task, sft.SFTConfig(), cache)
@@ -216,7 +235,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     lines = [f"machine: {machine()}", f"runs per figure: {args.runs} (median, min in brackets)", ""]
     torch.set_num_threads(1)  # as the drivers train
-    with tempfile.TemporaryDirectory() as folder:
+    with scratch_folder() as folder:
         startup = timed_process(["-c", STARTUP], args.runs, folder)
         lines.append(f"fixed start-up (import torch + first optimizer): {startup[0]:.2f} s [{startup[1]:.2f}]")
         rl_lab.train("dpo", steps=1)  # this process's own start-up, outside every clock below

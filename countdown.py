@@ -50,6 +50,9 @@ SPLITS = ("train", "test")
 OPERATORS = "+-*"  # the allowed operators, in the order of their token ids
 MAX_NUMBERS_PER_PROMPT = 4  # exact enumeration: k numbers give sum_r k!/(k-r)! * ops^(r-1) expressions per set
 MAX_DEMONSTRATIONS = 1_000_000
+# pass_at_k's product takes c steps: a million samples (sft.evaluate's limit too; Chen et al. draw
+# 200) cost about 0.1 s, while n = 10**9 would run for minutes
+PASS_AT_K_MAX_SAMPLES = 1_000_000
 REWARD_CORRECT = 1.0
 IMPERFECT_KINDS = ("wrong_value", "malformed", "overlong")  # drawn with equal probability
 
@@ -351,8 +354,15 @@ class CountdownTask:
         return rewards == self.config.partial_credit
 
     def describe(self, prompt):
-        """{"prompt": the prompt's text, "answer": its first solution's text}, for a decoded batch."""
-        prompt = int(prompt)
+        """{"prompt": the prompt's text, "answer": its first solution's text}, for a decoded batch.
+
+        prompt: a global index, a Python int or a 0-d integer tensor (one entry of a batch's prompts).
+        Raises ValueError naming `prompt` for anything else (a float is not rounded to an index).
+        """
+        if isinstance(prompt, torch.Tensor):
+            check_tensor("prompt", prompt, kind="int", ndim=0)
+            prompt = int(prompt)
+        self._check_prompt("prompt", prompt)
         return {"prompt": self.decode(self.prompt_tokens([prompt])[0]), "answer": self.decode(self.solutions(prompt)[0])}
 
     def solutions(self, prompt):
@@ -499,10 +509,10 @@ def pass_at_k(n, c, k):
 
     Computed as the paper's numerically stable product, 1 - prod_{i=n-c+1}^{n} (1 - k/i), never with
     factorials (C(200, 100) overflows a float); exactly 1.0 when n - c < k (every k-subset holds a
-    correct sample). n, c, k: ints with n >= 1, 0 <= c <= n, 1 <= k <= n. Returns a float in [0, 1].
-    Raises ValueError naming the argument.
+    correct sample). n, c, k: ints with 1 <= n <= PASS_AT_K_MAX_SAMPLES (1,000,000), 0 <= c <= n,
+    1 <= k <= n. Returns a float in [0, 1]. Raises ValueError naming the argument.
     """
-    check_int("n", n, low=1)
+    check_int("n", n, low=1, high=PASS_AT_K_MAX_SAMPLES)
     check_int("c", c, low=0, high=n)
     check_int("k", k, low=1, high=n)
     if n - c < k:

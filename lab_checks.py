@@ -1,4 +1,4 @@
-"""Argument checks shared by the atoms and the drivers, and the thread guard of every training function.
+"""Argument checks shared by the atoms and the drivers, and the thread and grad-mode guards of every training function.
 
 Every check raises ValueError with a message that starts with the argument's name, so a learner who
 passes the wrong thing sees which argument and what was expected:
@@ -197,3 +197,16 @@ def torch_threads(count):
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def training_mode():
+    """Run a block (or, as a decorator, a training function) with autograd on, whatever the caller's mode.
+
+    A training loop calls backward(), so it needs gradient even when its caller runs under
+    torch.no_grad() or torch.inference_mode(). enable_grad alone is not enough under inference_mode:
+    the tensors made there record no graph ("element 0 of tensors does not require grad"), so
+    inference_mode(False) comes first. Both modes are restored on the way out, an exception included.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        yield

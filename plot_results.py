@@ -34,6 +34,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import stat  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
@@ -77,6 +78,7 @@ MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; an
 # when runs of the same algorithm differ in them.
 RESOLVED_PER_ALGORITHM = ("epsilon", "epsilon_high", "dpo_beta", "sequence_logp")
 LONGEST_LABEL_VALUE = 24  # a longer setting value is a sentence describing other settings, not a label
+MAX_PASS_K = 1_000_000  # sft.evaluate draws at most a million samples per prompt, so k is at most that
 # sizes in points, chosen to read at 100% zoom (the figures are saved at 120 dpi)
 STYLE = {"font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
          "ytick.labelsize": 9.5, "legend.fontsize": 9.5, "figure.titlesize": 12.5, "lines.linewidth": 1.7}
@@ -226,8 +228,27 @@ def _label_value(value):
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, str) and value and len(value) <= LONGEST_LABEL_VALUE and not any(c.isspace() for c in value):
-        return value.replace("$", r"\$")  # a '$' would start matplotlib's math text
+        return value
     return None
+
+
+def _literal(text):
+    """`text` as matplotlib must draw it, character for character. Text from a file or a path may hold a
+    '$', which starts matplotlib's math text ('$\\frac{$' cannot even be parsed): every title, axis label,
+    tick label and legend entry passes here once, where it is handed to matplotlib."""
+    return str(text).replace("$", r"\$")
+
+
+def _algorithm_name(path, settings, default=""):
+    """settings["algorithm"] of an online run, or `default` when the JSON gives none; PlotInputError naming
+    the file for a value no algorithm has (a sentence, 100,000 characters), which could not label a line."""
+    name = settings.get("algorithm")
+    if not isinstance(name, str) or not name:
+        return default
+    if _label_value(name) is None:
+        raise PlotInputError(f"{path}: settings.algorithm is not an algorithm's name (expected at most "
+                             f"{LONGEST_LABEL_VALUE} characters without spaces, got {len(name)} characters)")
+    return name
 
 
 _ABSENT = object()  # a setting missing from a run's JSON where runs of the same algorithm have it
@@ -339,9 +360,9 @@ def _new_figure(rows, columns, width, height):
 
 
 def _finish(axis, title, ylabel, xlabel="outer iteration (step)"):
-    axis.set_title(title)
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel(ylabel)
+    axis.set_title(_literal(title))
+    axis.set_xlabel(_literal(xlabel))
+    axis.set_ylabel(_literal(ylabel))
     axis.grid(True, alpha=0.3)
 
 
@@ -381,8 +402,8 @@ def _legend_below(figure, axis, handles=None, labels=None):
     # a label longer than the figure is wide is wrapped after a comma
     character_points = 0.55 * STYLE["legend.fontsize"]
     width_points = figure.get_figwidth() * 72 * 0.95
-    labels = [textwrap.fill(label, max(20, int(width_points / character_points) - 12), break_on_hyphens=False)
-              for label in labels]
+    labels = [textwrap.fill(_literal(label), max(20, int(width_points / character_points) - 12),
+                            break_on_hyphens=False) for label in labels]
     longest = max(len(line) for label in labels for line in label.splitlines())
     columns = max(1, min(len(labels), int(width_points // (longest * character_points + 50)), 4))
     # matplotlib fills a legend column by column; this order makes it read row by row, in the runs' order
@@ -488,8 +509,8 @@ def plot_bandit(folders):
         _finish(axis, title, ylabel)
     _legend_below(figure, axes[0])
     shape = ", ".join(f"{contexts} contexts x {actions} actions" for contexts, actions in shapes)
-    figure.suptitle(f"One-step bandit ({shape}): exact evaluation after each outer iteration\n"
-                    "x is each method's own iteration, not equal data or compute")
+    figure.suptitle(_literal(f"One-step bandit ({shape}): exact evaluation after each outer iteration\n"
+                             "x is each method's own iteration, not equal data or compute"))
     return figure
 
 
@@ -535,7 +556,8 @@ def plot_chain(folders):
     lambdas = {_label_value(run.settings["gae_lambda"]) for run in runs if _is_number(run.settings.get("gae_lambda"))}
     every_run = all("gae_lambda" in run.settings for run in runs)
     shared = f" (gae_lambda={lambdas.pop()})" if len(lambdas) == 1 and every_run else ""
-    figure.suptitle(f"Two-step chain, PPO + GAE{shared}: the reward arrives one step after the choice that earns it")
+    figure.suptitle(_literal(f"Two-step chain, PPO + GAE{shared}: the reward arrives one step after the choice that "
+                             "earns it"))
     return figure
 
 
@@ -634,8 +656,8 @@ def plot_tokens(paths):
             ticks = [f"{tick}\n{text}" for tick, text in zip(ticks, arithmetic)]
         axis.set_xticks([0, 1], ticks)
         _finish(axis, "The same per-token GRPO losses, reduced two ways", "loss", "reduction")
-    figure.suptitle(f"Token-sequence objectives ({os.path.basename(path)}): one step from the same initial table\n"
-                    "each loss on its own axis: the values of different objectives are not comparable")
+    figure.suptitle(_literal(f"Token-sequence objectives ({os.path.basename(path)}): one step from the same initial "
+                             "table\neach loss on its own axis: the values of different objectives are not comparable"))
     return figure
 
 
@@ -646,8 +668,8 @@ ONLINE_COLUMNS = ["step", "total_tokens_sampled", "success_rate", "success_proba
 def _online_run(folder, algorithm=None):
     series = read_csv(os.path.join(folder, "online.csv"), ONLINE_COLUMNS)
     settings = read_settings(os.path.join(folder, "online.json"))
-    name = settings.get("algorithm") if isinstance(settings.get("algorithm"), str) else None
-    return Run(folder, name or algorithm or "", series, settings)
+    return Run(folder, _algorithm_name(os.path.join(folder, "online.json"), settings, algorithm or ""), series,
+               settings)
 
 
 def _online_references(runs):
@@ -698,15 +720,35 @@ def _evaluations(run):
     return (before if isinstance(before, dict) else {}), (after if isinstance(after, dict) else {})
 
 
-def _pass_at_k(path, evaluation):
-    """[(k, pass@k)] of an evaluation, k increasing; PlotInputError for a value that is not a probability."""
+def _pass_at_k(path, which, evaluation):
+    """[(k, pass@k)] of the `which` ("before" or "after") evaluation, k increasing: its keys "pass@" + ASCII
+    digits (str.isdigit would take "pass@²", and int() then fails); other keys ("pass@1_by_difficulty")
+    are not pass@k. PlotInputError naming the file and key for a k outside [1, MAX_PASS_K] (k = 0 has no
+    place on the log k axis) or a value that is not a probability."""
     points = []
     for key, value in evaluation.items():
-        if key.startswith("pass@") and key[5:].isdigit():
-            if not _is_number(value) or not 0.0 <= value <= 1.0:
-                raise PlotInputError(f"{path}: evaluation {key} is not a probability ({value!r})")
-            points.append((int(key[5:]), float(value)))
+        match = re.fullmatch(r"pass@([0-9]+)", key)
+        if not match:
+            continue
+        k = int(match.group(1))
+        if not 1 <= k <= MAX_PASS_K:
+            raise PlotInputError(f"{path}: evaluation.{which}.{key}: k must be a whole number in [1, {MAX_PASS_K}]")
+        if not _is_number(value) or not 0.0 <= value <= 1.0:
+            raise PlotInputError(f"{path}: evaluation.{which}.{key} is not a probability ({value!r})")
+        points.append((k, float(value)))
     return sorted(points)
+
+
+def _distinct_correct(path, which, evaluation):
+    """The `which` evaluation's distinct_correct_per_prompt (a mean count), None when it has none;
+    PlotInputError naming the file and key for a value that is not a finite number >= 0."""
+    if "distinct_correct_per_prompt" not in evaluation:
+        return None
+    value = evaluation["distinct_correct_per_prompt"]
+    if not _is_number(value) or value < 0:
+        raise PlotInputError(f"{path}: evaluation.{which}.distinct_correct_per_prompt is not a finite number >= 0 "
+                             f"({value!r})")
+    return float(value)
 
 
 def plot_transformer(folders):
@@ -718,8 +760,7 @@ def plot_transformer(folders):
     for folder in _as_list(folders):
         series = read_csv(os.path.join(folder, "online.csv"), TRANSFORMER_COLUMNS)
         settings = read_settings(os.path.join(folder, "online.json"))
-        name = settings.get("algorithm") if isinstance(settings.get("algorithm"), str) else ""
-        runs.append(Run(folder, name, series, settings))
+        runs.append(Run(folder, _algorithm_name(os.path.join(folder, "online.json"), settings), series, settings))
     styles, labels = run_styles(runs), run_labels(runs)
     figure, axes = _new_figure(2, 3, 16, 9.2)
     success, passk, entropy, lengths, kl, distinct = axes
@@ -744,20 +785,21 @@ def plot_transformer(folders):
     _finish(kl, "KL(policy ‖ reference), estimated on each batch", "nats per response", "iteration")
     width = 0.8 / max(1, len(runs))
     for index, (run, style) in enumerate(zip(runs, styles)):
+        path = os.path.join(run.source, "online.json")
         before, after = _evaluations(run)
-        for evaluation, color, dashes in ((before, "0.45", "--"), (after, style["color"], "-")):
-            points = _pass_at_k(os.path.join(run.source, "online.json"), evaluation)
+        for which, evaluation, color, dashes in (("before", before, "0.45", "--"), ("after", after, style["color"], "-")):
+            points = _pass_at_k(path, which, evaluation)
             if points:
                 passk.plot([k for k, _ in points], [value for _, value in points], color=color, linestyle=dashes,
                            marker="o", linewidth=style["linewidth"])
-        values = [evaluation.get("distinct_correct_per_prompt") for evaluation in (before, after)]
-        if all(_is_number(value) for value in values):
+        values = [_distinct_correct(path, "before", before), _distinct_correct(path, "after", after)]
+        if None not in values:
             bars = distinct.bar([position + index * width for position in (0, 1)], values, width,
                                 color=[_shade(style["color"], 0.55), style["color"]], edgecolor=style["color"])
             _bar_values(distinct, bars, values, 2)
     passk.set_xscale("log", base=2)
-    ks = sorted({k for run in runs for evaluation in _evaluations(run) for k, _ in
-                 _pass_at_k(os.path.join(run.source, "online.json"), evaluation)})
+    ks = sorted({k for run in runs for which, evaluation in zip(("before", "after"), _evaluations(run))
+                 for k, _ in _pass_at_k(os.path.join(run.source, "online.json"), which, evaluation)})
     passk.set_xticks(ks, [str(k) for k in ks])
     passk.set_ylim(0.0, 1.05)
     _finish(passk, "pass@k on the test prompts\ngrey dashed: the SFT start; coloured: after RL", "pass@k",
@@ -766,7 +808,7 @@ def plot_transformer(folders):
     _finish(distinct, "Distinct correct responses per test prompt\n(among the sampled ones)", "responses", "")
     _legend_below(figure, success)
     algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs if run.algorithm)) or "runs"
-    figure.suptitle(f"Online {algorithms} on a tiny transformer, from its SFT start (Countdown)")
+    figure.suptitle(_literal(f"Online {algorithms} on a tiny transformer, from its SFT start (Countdown)"))
     return figure
 
 
@@ -801,7 +843,7 @@ def plot_online(folders):
         _finish(axis, title, ylabel, "iteration (one sampled batch each)")
     _legend_below(figure, axes[0])
     algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs if run.algorithm)) or "runs"
-    figure.suptitle(f"Online {algorithms} on a tiny token policy (prompt n → n in binary, then EOS)")
+    figure.suptitle(_literal(f"Online {algorithms} on a tiny token policy (prompt n → n in binary, then EOS)"))
     return figure
 
 
@@ -844,7 +886,8 @@ def plot_online_all(folders):
                          markeredgecolor="black", linestyle="none", zorder=3)
     _legend_below(figure, axes[0])
     algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs))
-    figure.suptitle(f"{algorithms} on the same task at the same sampling budget: who learns with fewer tokens")
+    figure.suptitle(_literal(f"{algorithms} on the same task at the same sampling budget: who learns with fewer "
+                             "tokens"))
     return figure
 
 
@@ -1016,12 +1059,13 @@ def _panel_values(axis, panel, summary_rows, runs, configurations, styles):
         span = (high - low) or max(abs(high), 1e-12)
         axis.set_ylim(low - 0.08 * span, high + 0.3 * span)  # room for the numbers above the ranges
     if len(metrics) > 1:
-        axis.set_xticks(range(len(metrics)), [textwrap.fill(_label(metric), 14) for metric in metrics], fontsize=8)
+        axis.set_xticks(range(len(metrics)), [_literal(textwrap.fill(_label(metric), 14)) for metric in metrics],
+                        fontsize=8)
     else:
         axis.set_xticks([])
     axis.set_xlim(-0.5, len(metrics) - 0.5)
-    axis.set_title(panel.get("title", _label(metrics[0])))
-    axis.set_ylabel(panel.get("ylabel", _label(metrics[0]) if len(metrics) == 1 else "value"))
+    axis.set_title(_literal(panel.get("title", _label(metrics[0]))))
+    axis.set_ylabel(_literal(panel.get("ylabel", _label(metrics[0]) if len(metrics) == 1 else "value")))
     axis.grid(True, axis="y", alpha=0.3)
 
 
@@ -1098,7 +1142,7 @@ def _panel_claim(axis, panel, settings):
         axis.axhline(verdict["mean"], color="#d62728", linewidth=1.4)
         if verdict.get("interval"):
             axis.axhspan(verdict["interval"][0], verdict["interval"][1], color="#d62728", alpha=0.12, linewidth=0)
-    axis.set_xticks(range(len(values)), [str(seed) for seed in seeds], fontsize=8)
+    axis.set_xticks(range(len(values)), [_literal(seed) for seed in seeds], fontsize=8)
     title = panel.get("title") or f"{verdict['verdict']}: {verdict['count']}"
     _finish(axis, title, panel.get("ylabel", "per-seed value"), "seed (mean and 95% interval in red)")
 
@@ -1251,7 +1295,8 @@ def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
     seeds = settings.get("seeds") or []
     seed_text = f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"{len(seeds)} seed"
     title = textwrap.fill(f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}", width_characters)
-    figure.suptitle(title + "\n" + textwrap.fill(f"{seed_text}; source: {settings.get('source', '')}", width_characters),
+    figure.suptitle(_literal(title + "\n" + textwrap.fill(f"{seed_text}; source: {settings.get('source', '')}",
+                                                          width_characters)),
                     fontsize=STYLE["figure.titlesize"] - (0 if columns > 1 else 1.5))
     return figure
 
@@ -1332,9 +1377,11 @@ def render(inputs, output):
     Raises PlotInputError for bad input (nothing is written) and lab_io.WriteFailed when the file
     cannot be written (no partial file is left).
     """
-    # finite but absurd values (say 1e308) overflow matplotlib's axis arithmetic: one line, not a traceback
+    # finite but absurd values (say 1e308) overflow matplotlib's axis arithmetic: one line, not a traceback;
+    # and whatever matplotlib warns about while drawing (a layout that cannot fit the text, a RuntimeWarning
+    # of its arithmetic) is not a line for the user's stderr: what cannot be drawn is an error above
     with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore")
         try:
             kind, figure = figure_for(inputs)
             save(figure, output)

@@ -31,7 +31,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from lab_checks import check_int, check_real, check_tensor, torch_threads  # noqa: E402
+from lab_checks import check_int, check_real, check_tensor, torch_threads, training_mode  # noqa: E402
 from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
@@ -273,7 +273,7 @@ def _trace(batch, advantages, returns):
     return trace
 
 
-@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
+@training_mode()  # the updates need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)  # tiny tensors: more threads only wait for each other (see rl_lab.torch_threads)
 def train(*, steps=120, seed=7, gae_lambda=GAE_LAMBDA):
     """Train the chain with PPO, a critic and GAE; return (rows, report).

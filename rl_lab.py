@@ -40,6 +40,7 @@ from lab_checks import (  # noqa: E402
     finite_result,
     stored,
     torch_threads,
+    training_mode,
 )
 from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
 from lab_io import (  # noqa: E402
@@ -162,16 +163,19 @@ def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=N
     |ratio - 1| > eps is larger. CISPO never zeroes a token (its weight is capped, the gradient kept).
 
     Args:
-        ratio: (...) float, current/old probability ratios (detached here).
+        ratio: (...) float, current/old probability ratios, >= 0 (detached here).
         advantages: (...) same shape and dtype (detached here).
         epsilon, epsilon_high, dual_clip: as `clipped_policy_loss`.
     Returns:
         0-dim tensor in [0, 1], without grad.
     Raises:
-        ValueError naming the argument for bad tensors or scalars.
+        ValueError naming the argument for bad tensors or scalars, or a negative ratio.
     """
     if check:
         check_matching([("ratio", ratio), ("advantages", advantages)])
+        # a ratio is exp(logp - old_logp): a negative one is a wrong argument (a log-ratio, a difference)
+        if bool((stored(ratio) < 0).any()):
+            raise ValueError("ratio: expected probability ratios >= 0 (exp of a log-ratio), got a negative value")
         epsilon, epsilon_high, dual_clip = _clip_range(epsilon, epsilon_high, dual_clip)
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     ratio, advantages = _constant(ratio), _constant(advantages)
@@ -1217,7 +1221,7 @@ def _clip_grad_norm_step(optimizer, params, loss):
     optimizer.step()
 
 
-@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
+@training_mode()  # the updates need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)
 def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16, reward_shift=0.0,
           sparse_rewards=False):
@@ -1460,7 +1464,7 @@ def _rounded(values, digits=12):
     return round(values, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
-@torch.enable_grad()  # the examples differentiate, even when the caller runs under torch.no_grad()
+@training_mode()  # the examples differentiate, even under the caller's torch.no_grad() or inference_mode()
 def atomic_demo():
     """Small inputs with known answers for every atom; returns a JSON-ready dict of lists and floats."""
     t = lambda values, **kw: torch.tensor(values, dtype=DTYPE, **kw)  # noqa: E731 (a local shorthand)

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import torch
 
-from countdown import IMPERFECT_KINDS, CountdownConfig, CountdownTask, pass_at_k
+from countdown import IMPERFECT_KINDS, PASS_AT_K_MAX_SAMPLES, CountdownConfig, CountdownTask, pass_at_k
 from lab_testing import single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -115,6 +115,17 @@ class Format(unittest.TestCase):
             TASK.decode([16])
         with self.assertRaisesRegex(ValueError, "^prompts:"):
             TASK.prompt_tokens([TASK.prompt_count("train") + TASK.prompt_count("test")])
+
+    def test_describe_takes_an_index_or_a_0d_integer_tensor_and_refuses_the_rest_naming_prompt(self):
+        prompt = prompt_of(TASK, (3, 5, 6, 7), 12)
+        expected = {"prompt": "BOS3567:12=", "answer": TASK.decode(TASK.solutions(prompt)[0])}
+        self.assertEqual(TASK.describe(prompt), expected)
+        self.assertEqual(TASK.describe(torch.tensor([0, prompt])[1]), expected)  # one entry of a batch's prompts
+        self.assertEqual(TASK.describe(1)["prompt"], "BOS1234:2=")
+        prompts = TASK.prompt_count("train") + TASK.prompt_count("test")
+        for bad in (1.7, 1.0, "x", None, True, -1, prompts, torch.tensor(1.0), torch.tensor([1]), [1]):
+            with self.subTest(prompt=bad), self.assertRaisesRegex(ValueError, "^prompt:"):
+                TASK.describe(bad)
 
 
 class Verifier(unittest.TestCase):
@@ -396,6 +407,16 @@ class PassAtK(unittest.TestCase):
                            ((4.0, 1, 1), "n"), ((4, True, 1), "c")):
             with self.subTest(args=args), self.assertRaisesRegex(ValueError, f"^{name}:"):
                 pass_at_k(*args)
+
+    def test_n_is_bounded_so_the_c_step_product_stays_short(self):
+        # 10**9 samples would run the product for minutes: refused, naming n and the limit
+        for args in ((10**9, 10**9 - 1, 1), (PASS_AT_K_MAX_SAMPLES + 1, 1, 1)):
+            with self.subTest(args=args), self.assertRaisesRegex(ValueError, "^n: .*1000000"):
+                pass_at_k(*args)
+        n = PASS_AT_K_MAX_SAMPLES
+        self.assertEqual(n, 1_000_000)
+        self.assertAlmostEqual(pass_at_k(n, n - 1, 1), (n - 1) / n, places=9)
+        self.assertEqual(pass_at_k(n, n - 1, 2), 1.0)  # every pair holds a correct sample
 
 
 class Settings(unittest.TestCase):

@@ -23,6 +23,8 @@ import time
 import unittest
 from unittest import mock
 
+import torch
+
 import bench
 import experiments
 import lab_io
@@ -31,6 +33,7 @@ import plot_results
 import ppo_chain
 import rl_lab
 import token_objectives
+from lab_checks import torch_threads
 from lab_testing import HERE, run_cli_in_process, run_main
 
 
@@ -459,6 +462,53 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
         self.assertIn("(status 1): ppo_chain.py: error: cannot write ...: No space left on device", stderr)
         self.assertNotIn("unexpected", stderr)
+
+    def test_a_temporary_folder_that_cannot_be_removed_never_hides_the_error_of_the_benchmark(self):
+        # TMPDIR made read-only in the middle of a run: the driver fails, and so does removing its folder
+        made = []
+
+        def fail_in(folder):
+            made.append(folder)
+            with open(os.path.join(folder, "ppo-chain.csv"), "w", encoding="utf-8") as handle:
+                handle.write("step\n")
+            raise ChildProcessError("ppo_chain.py failed (status 1): ppo_chain.py: error: Read-only file system")
+
+        def rmdir(path, *args, **kwargs):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+        entry_points = [
+            ("main", lambda argv: bench.main(argv),
+             mock.patch.object(bench, "timed_process", lambda argv, runs, folder: fail_in(folder))),
+            ("transformer_lines", lambda argv: bench.transformer_lines(1),
+             mock.patch("sft.load_or_train", lambda task, config, cache: fail_in(cache))),
+        ]
+        for name, entry_point, failing in entry_points:
+            # torch_threads: bench.main sets one thread for the rest of its process, this one included
+            with self.subTest(entry_point=name), failing, mock.patch("os.rmdir", rmdir), \
+                    torch_threads(torch.get_num_threads()):
+                code, _, stderr = run_cli_in_process(entry_point, ["--runs", "1"])
+            self.assertEqual(code, 1)
+            self.assertEqual(len(stderr.splitlines()), 1, stderr)
+            # the driver's failure, not the clean-up's PermissionError on 'ppo-chain.csv' or a RecursionError
+            self.assertTrue(stderr.endswith(": error: ppo_chain.py failed (status 1): ppo_chain.py: error: "
+                                            "Read-only file system\n"), stderr)
+            os.rmdir(made[-1])  # the folder the failed clean-up left behind, now empty
+        self.assertEqual(len(made), 2)  # each entry point failed inside its scratch folder
+
+    def test_bench_scratch_folder_is_removed_after_success_and_failure(self):
+        with bench.scratch_folder() as folder:
+            with open(os.path.join(folder, "ppo.csv"), "w", encoding="utf-8") as handle:
+                handle.write("step\n")
+        self.assertFalse(os.path.exists(folder))
+        with self.assertRaisesRegex(ChildProcessError, "^the run failed$"), bench.scratch_folder() as folder:
+            os.mkdir(os.path.join(folder, "sub"))
+            raise ChildProcessError("the run failed")
+        self.assertFalse(os.path.exists(folder))
+        with mock.patch("os.rmdir", side_effect=PermissionError(errno.EACCES, "Permission denied")):
+            with bench.scratch_folder() as folder:  # a folder that cannot be removed is no error of the run
+                pass
+        self.assertTrue(os.path.isdir(folder))
+        os.rmdir(folder)
 
     def test_a_name_a_strict_stdout_cannot_encode_is_escaped(self):
         strict = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")

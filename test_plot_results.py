@@ -290,6 +290,83 @@ class Plotter(unittest.TestCase):
                 self.assertIn(name, stderr)
                 self.assertFalse(os.path.exists(self.path("m.svg")))
 
+    def transformer_copy(self, name, change):
+        """A copy of the committed transformer run whose online.json `change(report)` edited."""
+        import shutil
+
+        folder = self.path(name)
+        shutil.copytree(os.path.join(HERE, "results-online-transformer-grpo-sequence"), folder)
+        with open(os.path.join(folder, "online.json"), encoding="utf-8") as handle:
+            report = json.load(handle)
+        change(report)
+        with open(os.path.join(folder, "online.json"), "w", encoding="utf-8") as handle:
+            json.dump(report, handle)  # NaN is written as NaN, as a damaged file may hold it
+        return folder
+
+    def test_a_damaged_transformer_evaluation_or_algorithm_is_one_line_naming_the_file_and_key(self):
+        def evaluation(which, key, value):
+            return lambda report: report["evaluation"][which].update({key: value})
+
+        distinct = "distinct_correct_per_prompt is not a finite number >= 0"
+        cases = [
+            (evaluation("before", "distinct_correct_per_prompt", math.nan), f"evaluation.before.{distinct} (nan)"),
+            (evaluation("after", "distinct_correct_per_prompt", -5), f"evaluation.after.{distinct} (-5)"),
+            (evaluation("after", "distinct_correct_per_prompt", "6"), f"evaluation.after.{distinct} ('6')"),
+            (evaluation("before", "distinct_correct_per_prompt", True), f"evaluation.before.{distinct} (True)"),
+            (evaluation("before", "pass@0", 0.5), "evaluation.before.pass@0: k must be a whole number in [1, 1000000]"),
+            (evaluation("after", "pass@1000001", 1.0), "evaluation.after.pass@1000001: k must be a whole number"),
+            (evaluation("after", "pass@1", math.nan), "evaluation.after.pass@1 is not a probability (nan)"),
+            (lambda report: report["settings"].update({"algorithm": "a" * 100_000}),
+             "settings.algorithm is not an algorithm's name (expected at most 24 characters without spaces, "
+             "got 100000 characters)"),
+        ]
+        for index, (change, expected) in enumerate(cases):
+            with self.subTest(expected=expected):
+                folder = self.transformer_copy(f"damaged-{index}", change)
+                code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("d.svg")])
+                self.assertEqual((code, len(stderr.strip().splitlines())), (1, 1), stderr)
+                self.assertIn(f"{os.path.join(folder, 'online.json')}: {expected}", stderr)
+                self.assertFalse(os.path.exists(self.path("d.svg")))
+
+    def test_text_from_files_is_drawn_literally_and_only_ascii_digits_make_a_pass_at_k(self):
+        # a '$' starts matplotlib's math text: "$\frac{$" cannot be parsed, "$x$" would lose its dollars
+        def change(report, x):
+            report["settings"]["algorithm"] = "$\\frac{$"
+            report["settings"]["$x$"] = x  # a key of the settings, named in the legend where the runs differ
+            report["evaluation"]["after"]["pass@\u00b2"] = 0.5  # str.isdigit is true for a superscript two
+            report["evaluation"]["after"]["distinct_correct_per_prompt"] = 1e308  # finite: drawn, and quiet
+
+        first = self.transformer_copy("dollar-1", lambda report: change(report, 1))
+        second = self.transformer_copy("dollar-2", lambda report: change(report, 2))
+        output = self.path("dollar.svg")
+        code, _, stderr = run_main(plot_results.main, ["--input", first, second, "--output", output])
+        self.assertEqual((code, stderr), (0, ""))  # not even a warning of matplotlib's layout
+        with open(output, encoding="utf-8") as handle:
+            svg = handle.read()
+        for text in ("Online $\\FRAC{$ on a tiny transformer", "$x$=1", "$x$=2"):
+            self.assertIn(text, svg)
+        kind, figure = plot_results.figure_for([first])
+        passk = figure.axes[1]
+        self.assertEqual([list(line.get_xdata()) for line in passk.get_lines()], [[1, 4, 16, 64]] * 2)
+        self.assertEqual(figure.get_suptitle(),
+                         "Online \\$\\FRAC{\\$ on a tiny transformer, from its SFT start (Countdown)")
+        # the atlas too: its title, source and panel titles come from settings.json
+        import shutil
+
+        folder = self.path("atlas")
+        shutil.copytree(os.path.join(HERE, "results-experiments", "kl-estimators"), folder)
+        with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
+            settings = json.load(handle)
+        settings.update({"summary": "costs $\\frac{$", "source": "$5 paper"})
+        with open(os.path.join(folder, "settings.json"), "w", encoding="utf-8") as handle:
+            json.dump(settings, handle)
+        code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", output])
+        self.assertEqual((code, stderr), (0, ""))
+        with open(output, encoding="utf-8") as handle:
+            svg = handle.read()
+        self.assertIn("costs $\\frac{$", svg)
+        self.assertIn("source: $5 paper", svg)
+
     def test_a_pipe_or_a_device_as_input_is_refused_and_creates_nothing(self):
         os.makedirs(self.path("fifo"))
         os.mkfifo(self.path("fifo", "ppo.csv"))  # reading it would block forever

@@ -288,6 +288,14 @@ class ChainTraining(unittest.TestCase):
         ppo_chain.train(steps=1)
         self.assertEqual((torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads()), before)
 
+    def test_chain_training_under_no_grad_or_inference_mode_gives_the_same_rows_and_keeps_the_mode(self):
+        expected = ppo_chain.train(steps=2, seed=5)
+        for mode in (torch.no_grad, torch.inference_mode):
+            with self.subTest(mode=mode.__name__), mode():
+                self.assertEqual(ppo_chain.train(steps=2, seed=5), expected)
+                self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()),
+                                 (mode is torch.inference_mode, False))
+
 
 class ChainAPIValidation(unittest.TestCase):
     def test_evaluate_advantages_and_rollout_reject_bad_input(self):

@@ -21,7 +21,7 @@ import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
-from lab_checks import torch_threads
+from lab_checks import torch_threads, training_mode
 from lab_testing import float64, parallel_calls, run_main, single_thread_module
 from rl_lab import (
     DTYPE,
@@ -786,6 +786,16 @@ class ClipVariants(unittest.TestCase):
                 self.assertEqual(clip_fraction(logp.detach().exp(), adv, **kwargs).item(), zeroed.item())
                 self.assertGreater(zeroed.item(), 0.0)
 
+    def test_clip_fraction_refuses_a_negative_ratio_and_accepts_zero(self):
+        # a ratio is exp(logp - old_logp), never < 0: a negative one is a log-ratio passed by mistake
+        for ratio in (t([-1.0]), t([1.0, -1e-300]), t([-1.0]).expand(4)):
+            with self.subTest(ratio=ratio.tolist()), self.assertRaisesRegex(
+                    ValueError, r"^ratio: expected probability ratios >= 0 \(exp of a log-ratio\)"):
+                clip_fraction(ratio, torch.ones_like(ratio))
+        # exp() of a very negative log-ratio underflows to 0: a possible ratio, clipped for A < 0
+        self.assertEqual(clip_fraction(t([0.0, 0.0]), t([-1.0, 1.0])).item(), 0.5)
+        self.assertEqual(clip_fraction(t([-1.0]), t([1.0]), check=False).item(), 0.0)  # the loop's own tensors
+
     def test_grpo_loss_passes_clip_higher_and_dual_clip_through(self):
         logp = t([[math.log(1.25), math.log(4.0)]])
         zeros = torch.zeros(1, 2, dtype=DTYPE)
@@ -1214,6 +1224,42 @@ class Bandit(unittest.TestCase):
                 quiet = run()
             self.assertTrue(torch.is_grad_enabled())
             self.assertEqual(quiet, run())
+
+    def test_training_under_inference_mode_gives_the_same_rows_and_keeps_the_mode(self):
+        # enable_grad alone fails there: "element 0 of tensors does not require grad"
+        runs = [
+            rl_lab.atomic_demo,
+            *(lambda algorithm=algorithm: rl_lab.train(algorithm, steps=2, seed=5)[0]
+              for algorithm in ("ppo", "dpo", "grpo", "cispo")),
+        ]
+        for run in runs:
+            with torch.inference_mode():
+                quiet = run()
+                self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()), (True, False))
+            self.assertEqual(quiet, run())
+
+    def test_training_mode_turns_autograd_on_and_restores_the_callers_modes(self):
+        for outer in (torch.inference_mode, torch.no_grad, torch.enable_grad):
+            with self.subTest(outer=outer.__name__), outer():
+                before = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+                with training_mode():
+                    self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()), (False, True))
+                    leaf = torch.ones(2, dtype=DTYPE, requires_grad=True)
+                    (gradient,) = torch.autograd.grad((3.0 * leaf).sum(), leaf)
+                self.assertEqual(gradient.tolist(), [3.0, 3.0])
+                self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()), before)
+                with self.assertRaises(KeyError), training_mode():
+                    raise KeyError("an error inside")
+                self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()), before)
+
+        @training_mode()
+        def decorated():
+            return torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+        with torch.inference_mode():
+            self.assertEqual(decorated(), (False, True))
+            self.assertEqual(decorated(), (False, True))  # a decorator that works on every call, not the first only
+            self.assertTrue(torch.is_inference_mode_enabled())
 
     def test_training_leaves_global_torch_state_as_found(self):
         # the drivers run single-threaded inside and must hand back the caller's thread count

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from lab_testing import float64, single_thread_module
 from rl_lab import response_token_logps
 from tiny_lm import (
+    LogitsOverflow,
     TinyLM,
     TinyLMConfig,
     causal_padding_mask,
@@ -444,6 +445,113 @@ class Sampling(unittest.TestCase):
                          arguments.pop("max_new_tokens"), **arguments)
         with self.assertRaisesRegex(ValueError, "^position_ids"):
             model(torch.zeros(1, 25, dtype=torch.long))
+
+    def test_every_function_taking_a_model_refuses_anything_else_naming_model(self):
+        ids, mask = padded_batch([p + c for p, c in PAIRS], 8, "left")
+        completion = completion_mask_of([len(p) for p, _ in PAIRS], mask)
+
+        class Logits(torch.nn.Module):  # a stand-in scorer: fixed logits whatever the input
+            def __init__(self, logits):
+                super().__init__()
+                self.logits = logits
+
+            def forward(self, input_ids, attention_mask=None, position_ids=None):
+                return self.logits
+
+        scorers = {
+            "completion_scores": lambda model: completion_scores(model, ids, mask, completion),
+            "completion_log_probs": lambda model: completion_log_probs(model, ids, mask, completion),
+        }
+        sampler = lambda model: generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD)  # noqa: E731
+        not_modules = (None, "TinyLM", small_model().state_dict())
+        for name, call in [*scorers.items(), ("generate", sampler)]:
+            for model in not_modules:
+                with self.subTest(function=name, model=type(model).__name__), \
+                        self.assertRaisesRegex(ValueError, f"^model: expected a TinyLM.*, got {type(model).__name__}$"):
+                    call(model)
+        # generate needs the model's config and cache; scoring needs only (N, T, V) logits
+        with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got Logits$"):
+            sampler(Logits(torch.zeros(3, 8, 8)))
+        uniform = Logits(torch.zeros(3, 8, 8, dtype=torch.float64))
+        self.assertEqual(scorers["completion_log_probs"](uniform)[completion[:, 1:].bool()].tolist(),
+                         [-math.log(8)] * int(completion[:, 1:].sum()))
+        for logits in (torch.zeros(3, 8), torch.zeros(3, 7, 8), torch.zeros(3, 8, 8, dtype=torch.long), [0.0]):
+            for name, call in scorers.items():
+                with self.subTest(function=name, logits=getattr(logits, "shape", logits)), \
+                        self.assertRaisesRegex(ValueError, r"^model: expected floating \(N, T, V\) logits for "
+                                                           r"input_ids of shape \(3, 8\)"):
+                    call(Logits(logits))
+        with self.assertRaisesRegex(ValueError, "^model: with_values needs a TinyLM with a value head, got Logits"):
+            completion_scores(uniform, ids, mask, completion, with_values=True)
+
+    def test_tempered_log_probs_refuses_bad_arguments_naming_them(self):
+        logits = t([0.5, 0.3, 0.2]).log()
+        cases = [
+            ((logits, 1.0, 0.0), "^top_p: expected a value > 0.0"),
+            ((logits, 1.0, -0.5), "^top_p"),
+            ((logits, 1.0, 1.5), "^top_p: expected a value <= 1.0"),
+            ((logits, 1.0, math.nan), "^top_p"),
+            ((logits, 0.0, 1.0), "^temperature: expected a value > 0.0"),
+            ((logits, -1.0, 1.0), "^temperature"),
+            ((logits, math.inf, 1.0), "^temperature"),
+            ((logits, True, 1.0), "^temperature"),
+            ((logits.tolist(), 1.0, 1.0), "^logits: expected a torch.Tensor"),
+            ((torch.tensor([1, 2]), 1.0, 1.0), "^logits: expected a floating-point tensor"),
+            ((t([0.0, math.nan]), 1.0, 1.0), "^logits: expected finite values"),
+            ((t(1.0), 1.0, 1.0), "^logits: expected at least 1 dimension"),
+        ]
+        for args, pattern in cases:
+            with self.subTest(args=args[1:]), self.assertRaisesRegex(ValueError, pattern):
+                tempered_log_probs(*args)
+
+    def test_a_temperature_that_overflows_the_logits_is_refused_naming_temperature(self):
+        # float32 logits of about 1 divided by 1e-40 exceed float32's 3.4e38: inf - inf = NaN log-probs
+        model = small_model(seed=5, dtype=torch.float32)
+        ids, mask = padded_batch([p + c for p, c in PAIRS], 8, "left")
+        completion = completion_mask_of([len(p) for p, _ in PAIRS], mask)
+        pattern = "^temperature: 1e-40 is too small for float32 logits"
+        calls = {
+            "tempered_log_probs": lambda: tempered_log_probs(torch.tensor([0.0, 1.0]), 1e-40),
+            "tempered_log_probs top_p": lambda: tempered_log_probs(torch.tensor([0.0, 1.0]), 1e-40, 0.5),
+            "completion_scores": lambda: completion_scores(model, ids, mask, completion, temperature=1e-40),
+            "completion_log_probs": lambda: completion_log_probs(model, ids, mask, completion, temperature=1e-40),
+            "generate": lambda: generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD, temperature=1e-40),
+            "generate float64 sampler": lambda: generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD,
+                                                         temperature=1e-40, dtype=torch.float64),
+        }
+        for name, call in calls.items():
+            with self.subTest(name), self.assertRaisesRegex(ValueError, pattern):
+                call()
+        # what is refused is the overflow, not a small number: in float64 the same temperature is greedy
+        self.assertEqual(tempered_log_probs(t([0.0, 1.0]), 1e-40).tolist(), [-1e40, 0.0])
+        # and a -inf log-prob from finite logits is an overflow too (its 0 * -inf would make the entropy NaN)
+        with self.assertRaisesRegex(ValueError, "^temperature: 1e-38 is too small for float32 logits"):
+            tempered_log_probs(torch.tensor([-3.0, 3.0]), 1e-38)  # [-3e38, 3e38]: finite, 6e38 apart
+
+    def test_a_forward_pass_that_overflows_its_dtype_raises_logits_overflow_naming_the_dtype(self):
+        model = small_model(seed=0, dtype=torch.float32)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1e4)  # activations beyond float16's 65504, well within float32's range
+        ids, mask = sampling_batch()
+        for dtype in (None, torch.bfloat16):  # bfloat16 has float32's exponent range: it samples
+            out = generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD, dtype=dtype,
+                           generator=torch.Generator().manual_seed(0))
+            self.assertTrue(bool(torch.isfinite(out.log_probs).all()), dtype)
+        for use_cache in (True, False):
+            with self.subTest(use_cache=use_cache), self.assertRaisesRegex(
+                    LogitsOverflow, "^dtype: the forward pass in float16 gives NaN or inf logits"):
+                generate(model, ids, mask, 4, eos_id=EOS, pad_id=PAD, dtype=torch.float16, use_cache=use_cache)
+        half = model.half()
+        full_ids, full_mask = padded_batch([p + c for p, c in PAIRS], 8, "left")
+        completion = completion_mask_of([len(p) for p, _ in PAIRS], full_mask)
+        pattern = "^model: the forward pass in float16 gives NaN or inf logits"
+        for call in (lambda: generate(half, ids, mask, 4, eos_id=EOS, pad_id=PAD),
+                     lambda: completion_scores(half, full_ids, full_mask, completion),
+                     lambda: completion_log_probs(half, full_ids, full_mask, completion)):
+            with self.assertRaisesRegex(LogitsOverflow, pattern):
+                call()
+        self.assertTrue(issubclass(LogitsOverflow, FloatingPointError))  # a training loop reports it as diverged
 
 
 class LowerPrecisionSampling(unittest.TestCase):

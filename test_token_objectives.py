@@ -342,6 +342,14 @@ class TokenObjectives(unittest.TestCase):
         self.assertEqual((torch.get_num_threads(), torch.get_default_dtype(), torch.is_grad_enabled()),
                          (threads, dtype, True))
 
+    def test_run_and_lesson_trace_under_inference_mode_give_the_same_reports(self):
+        # the SGD steps differentiate: enable_grad alone fails under inference_mode
+        expected = (json_text(token_report()), json_text(token_objectives.lesson_trace()))
+        with torch.inference_mode():
+            reports = (json_text(token_objectives.run()), json_text(token_objectives.lesson_trace()))
+            self.assertEqual((torch.is_inference_mode_enabled(), torch.is_grad_enabled()), (True, False))
+        self.assertEqual(reports, expected)
+
 
 class TokenObjectivesCLI(unittest.TestCase):
     def setUp(self):

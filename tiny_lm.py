@@ -354,6 +354,42 @@ class TinyLM(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+class LogitsOverflow(FloatingPointError):
+    """A forward pass gave NaN or inf logits: the weights or activations exceed the range of the dtype
+    it ran in (float16 stops at 65504), or the weights are no longer finite (training diverged).
+    A FloatingPointError, so a training loop reports it as a diverged run."""
+
+
+def _check_model(model):
+    if not isinstance(model, TinyLM):
+        raise ValueError(f"model: expected a TinyLM, got {type(model).__name__}")
+
+
+def _check_scoring_model(model):
+    """A model to score with: a TinyLM, or any nn.Module called as model(input_ids, attention_mask,
+    position_ids) that returns (N, T, V) logits (a test's stand-in with fixed logits)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model: expected a TinyLM (or an nn.Module returning (N, T, V) logits), "
+                         f"got {type(model).__name__}")
+
+
+def _check_model_logits(logits, input_ids):
+    if not (isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.dim() == 3
+            and logits.shape[:2] == input_ids.shape):
+        got = (f"shape {tuple(logits.shape)}, {logits.dtype}" if isinstance(logits, torch.Tensor)
+               else type(logits).__name__)
+        raise ValueError(f"model: expected floating (N, T, V) logits for input_ids of shape {tuple(input_ids.shape)}, "
+                         f"got {got}")
+
+
+def _check_logits(name, logits):
+    """Raise LogitsOverflow, naming `name` and the dtype of the logits, unless every logit is finite."""
+    if not bool(torch.isfinite(logits).all()):
+        dtype = str(logits.dtype).replace("torch.", "")
+        raise LogitsOverflow(f"{name}: the forward pass in {dtype} gives NaN or inf logits (weights or activations "
+                             f"beyond the range of {dtype}, or weights that are not finite)")
+
+
 def tempered_log_probs(logits, temperature=1.0, top_p=1.0):
     """(..., V) log-probs of the distribution a sampler draws from: softmax(logits / temperature),
     then top-p (nucleus) sampling (Holtzman et al. 2020, section 3.1): keep the smallest set of most
@@ -362,8 +398,27 @@ def tempered_log_probs(logits, temperature=1.0, top_p=1.0):
 
     The same transformation serves the sampler (`generate`) and a trainer that scores with tempered
     logits, so both compute the same numbers from the same logits.
+    logits: (..., V) finite floating tensor; temperature > 0; top_p in (0, 1].
+    Raises ValueError naming the argument, and naming temperature when logits / temperature overflows
+    the logits' dtype (a temperature so small that a log-prob would be NaN or -inf: 1e-40 in float32).
     """
+    check_tensor("logits", logits)
+    if logits.dim() < 1:
+        raise ValueError("logits: expected at least 1 dimension (the vocabulary), got a 0-d tensor")
+    check_real("temperature", temperature, low=0.0, low_open=True)
+    check_real("top_p", top_p, low=0.0, high=1.0, low_open=True)
+    return _tempered_log_probs(logits, temperature, top_p)
+
+
+def _tempered_log_probs(logits, temperature, top_p):
+    """tempered_log_probs on checked arguments and finite logits; still refuses an overflowing temperature."""
     logp = torch.log_softmax(logits / temperature, dim=-1)  # (..., V)
+    # finite logits divided by a tiny temperature can exceed the dtype: inf - inf = NaN, or a -inf
+    # log-prob whose 0 * -inf makes the entropy NaN
+    if not bool(torch.isfinite(logp).all()):
+        dtype = str(logits.dtype).replace("torch.", "")
+        raise ValueError(f"temperature: {temperature} is too small for {dtype} logits (logits / temperature "
+                         "overflows: NaN or infinite log-probs)")
     if top_p >= 1.0:
         return logp
     sorted_logp, order = logp.sort(dim=-1, descending=True)  # (..., V), most likely first
@@ -388,7 +443,8 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
     """Log-probs, entropy and (optionally) values of the completion tokens, with gradient, in one forward pass.
 
     Args:
-        model: a TinyLM (in the dtype to score in).
+        model: a TinyLM (in the dtype to score in), or any nn.Module called as
+            model(input_ids, attention_mask, position_ids) that returns (N, T, V) logits.
         input_ids: (N, T) int, prompt + completion (+ padding), T >= 2.
         attention_mask: (N, T) 0/1, 1 = real token (prompt or completion), 0 = padding; decides what
             is attended to and the position ids.
@@ -402,9 +458,13 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
         torch.where, so gradient flows only through kept entries (a pad or prompt token gets no loss,
         and padding gets no gradient at all); log_softmax (N, T-1, V) unmasked.
     Raises:
-        ValueError naming the argument: shapes, dtypes, T < 2, a completion token that is padding,
-        temperature <= 0, with_values without a value head.
+        ValueError naming the argument: a model that is not an nn.Module or returns no (N, T, V)
+        logits, shapes, dtypes, T < 2, a completion token that is padding, temperature <= 0 or so
+        small that logits / temperature overflows, with_values without a TinyLM with a value head.
+        LogitsOverflow (a FloatingPointError) naming model and its dtype when the forward pass gives
+        NaN or inf logits.
     """
+    _check_scoring_model(model)
     check_tensor("input_ids", input_ids, kind="int", ndim=2)
     attention = _mask_int64("attention_mask", attention_mask)
     completion = _mask_int64("completion_mask", completion_mask)
@@ -416,10 +476,14 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
         raise ValueError("completion_mask: a completion token must be real (attention_mask 1 there)")
     check_real("temperature", temperature, low=0.0, low_open=True)
     if with_values:
+        if not isinstance(model, TinyLM):
+            raise ValueError(f"model: with_values needs a TinyLM with a value head, got {type(model).__name__}")
         logits, values = model.logits_and_values(input_ids, attention, position_ids)  # (N, T, V), (N, T)
     else:
         logits, values = model(input_ids, attention, position_ids), None  # (N, T, V)
-    log_softmax = tempered_log_probs(logits[:, :-1], temperature)  # (N, T-1, V): row t scores token t+1
+    _check_model_logits(logits, input_ids)
+    _check_logits("model", logits)
+    log_softmax = _tempered_log_probs(logits[:, :-1], temperature, 1.0)  # (N, T-1, V): row t scores token t+1
     scored = completion[:, 1:].bool()  # (N, T-1); position 0 is never predicted
     targets = input_ids[:, 1:].long().unsqueeze(-1)  # (N, T-1) -> (N, T-1, 1)
     log_probs = log_softmax.gather(-1, targets).squeeze(-1)  # (N, T-1, 1) -> (N, T-1)
@@ -474,8 +538,7 @@ def sample_tokens(log_probs, uniforms):
 
 def _check_generate_args(model, input_ids, attention_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
                          generator, use_cache, dtype):
-    if not isinstance(model, TinyLM):
-        raise ValueError(f"model: expected a TinyLM, got {type(model).__name__}")
+    _check_model(model)
     vocab, max_len = model.config.vocab_size, model.config.max_len
     check_tensor("input_ids", input_ids, kind="int", ndim=2)
     if bool(((input_ids.long() < 0) | (input_ids.long() >= vocab)).any()):
@@ -525,8 +588,12 @@ def generate(model, input_ids, attention_mask, max_new_tokens, *, eos_id, pad_id
         Generation(sequences, attention_mask, completion_mask, log_probs, truncated): see its fields.
         Completion positions after the first EOS hold pad_id with both masks 0 and log_probs 0.
     Raises:
-        ValueError naming the argument: bad shapes or dtypes, ids outside [0, V), prompts not
-        left-padded, P + R > max_len, temperature <= 0, top_p outside (0, 1].
+        ValueError naming the argument: a model that is not a TinyLM, bad shapes or dtypes, ids outside
+        [0, V), prompts not left-padded, P + R > max_len, temperature <= 0 or so small that
+        logits / temperature overflows, top_p outside (0, 1].
+        LogitsOverflow (a FloatingPointError) naming dtype and its value (model, when sampling in the
+        model's own dtype) when a forward pass gives NaN or inf logits, e.g. float16 sampling of
+        weights too large for it: never NaN log_probs and token 0 drawn everywhere.
     """
     prompt_mask = _check_generate_args(model, input_ids, attention_mask, max_new_tokens, eos_id, pad_id,
                                        temperature, top_p, generator, use_cache, dtype)
@@ -553,6 +620,7 @@ def _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, tem
     finished = torch.zeros(batch, dtype=torch.bool)
     sampler_dtype = next(sampler.parameters()).dtype
     cache = KVCache(sampler.config, batch, total, sampler_dtype) if use_cache else None
+    blamed = "model" if sampler_dtype == out_dtype else "dtype"  # the weights themselves, or their cast copy
     for step in range(max_new_tokens):
         end = prompt_length + step  # the token at `end` is sampled from the logits at end - 1
         if cache is None:
@@ -560,7 +628,8 @@ def _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, tem
         else:  # the whole prompt first, then one token per step
             start = 0 if step == 0 else end - 1
             logits = sampler(sequences[:, start:end], mask[:, :end], cache=cache, check=False)  # (N, end - start, V)
-        step_log_probs = tempered_log_probs(logits[:, -1].to(out_dtype), temperature, top_p)  # (N, V)
+        _check_logits(blamed, logits[:, -1])  # NaN logits would draw token 0 everywhere
+        step_log_probs = _tempered_log_probs(logits[:, -1].to(out_dtype), temperature, top_p)  # (N, V)
         uniforms = torch.rand(batch, generator=generator, dtype=out_dtype)  # (N,)
         tokens = sample_tokens(step_log_probs, uniforms)  # (N,)
         token_log_probs = step_log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (N, 1) -> (N,)

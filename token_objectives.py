@@ -34,7 +34,14 @@ import sys  # noqa: E402
 
 import torch  # noqa: E402
 
-from lab_checks import check_int, check_same_dtype, check_same_shape, check_tensor, torch_threads  # noqa: E402
+from lab_checks import (  # noqa: E402
+    check_int,
+    check_same_dtype,
+    check_same_shape,
+    check_tensor,
+    torch_threads,
+    training_mode,
+)
 from lab_io import OneLineErrorParser, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
 from rl_lab import (  # noqa: E402
     DEVICE,
@@ -228,7 +235,7 @@ def objectives(actor, old, reference, input_ids, response_mask):
 def _one_sgd_step(name, initial, input_ids, response_mask):
     """One SGD step on objective `name` from `initial`: (outputs before, gradient (V, V), table after)."""
     actor = initial.clone().requires_grad_(True)
-    with torch.enable_grad():  # works even when the caller runs under torch.no_grad()
+    with training_mode():  # works even under the caller's torch.no_grad() or inference_mode()
         before = objectives(actor, initial, initial, input_ids, response_mask)
         (gradient,) = torch.autograd.grad(before[name], actor)
     with torch.no_grad():
@@ -261,6 +268,7 @@ def _settings():
     }
 
 
+@training_mode()  # the SGD steps need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)
 def run():
     """Part 1: the facts of SPEC section 5 plus the lesson trace; returns a JSON-ready dict.
@@ -452,7 +460,7 @@ def lesson_trace(seed=TRACE_SEED):
     kl_k3 = token_kl_penalty(current_logps, ref_logps)  # (B*G, R)
 
     losses, gradients = {}, {}
-    with torch.enable_grad():
+    with training_mode():
         for name, loss_fn, kwargs in (
             ("grpo", grpo_policy_loss, {"epsilon": TRACE_EPSILON}),
             ("cispo", cispo_policy_loss, {"epsilon_high": TRACE_EPSILON_HIGH}),
