@@ -36,7 +36,7 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
-from lab_checks import exp_limit, torch_threads  # noqa: E402
+from lab_checks import exp_limit, torch_threads, training_mode  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
     Progress,
@@ -478,7 +478,7 @@ def settings_of(state):
     }
 
 
-@torch.enable_grad()  # the updates need autograd even when the caller runs under torch.no_grad()
+@training_mode()  # the updates need autograd, whatever the caller's grad mode (no_grad, inference_mode)
 def train(**options):
     """Train the table policy online with one algorithm; return (rows, report).
 
@@ -490,7 +490,7 @@ def train(**options):
     return run(setup(**options))
 
 
-@torch.enable_grad()
+@training_mode()
 @torch_threads(1)  # tiny tensors: more threads only wait for each other (see lab_checks.torch_threads)
 def run(state, observe=None):
     """The training loop of `train` on a prepared `setup` Run: (rows, report).

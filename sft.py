@@ -42,7 +42,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from countdown import CountdownTask, pass_at_k  # noqa: E402
-from lab_checks import check_int, check_real, check_tensor, torch_threads  # noqa: E402
+from lab_checks import check_int, check_real, check_tensor, torch_threads, training_mode  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
     Progress,
@@ -283,6 +283,7 @@ def demonstration_summary(task, pairs):
             "completion_tokens": sum(len(response) for _, response in pairs)}
 
 
+@training_mode()  # it calls backward(), whatever the caller's grad mode
 def train_sft(task, config, progress=None):
     """Train a TinyLM on the task's demonstrations; return (model, report).
 

@@ -737,6 +737,14 @@ class TransformerRuns(unittest.TestCase):
         self.assertLessEqual(len(long_name), 120)
         self.assertNotEqual(long_name, default_output("grpo", {**many, "seed": 12}))  # the digest tells them apart
 
+    def test_a_run_under_inference_mode_is_the_same_run(self):
+        with torch.inference_mode():
+            inside = online_tokens.train(steps=2, seed=4, **self.small)
+            self.assertTrue(torch.is_inference_mode_enabled())  # the caller's mode, kept
+        self.assertEqual(inside, online_tokens.train(steps=2, seed=4, **self.small))
+        with torch.inference_mode():
+            self.assertEqual(online_tokens.train(steps=2, seed=4)[0], online_tokens.train(steps=2, seed=4)[0])
+
     def test_the_kv_cache_draws_the_same_responses_as_full_forward_passes(self):
         batches = []
         for use_cache in (True, False):

@@ -213,6 +213,12 @@ class Training(unittest.TestCase):
         self.assertEqual(demonstrations["correct"] + demonstrations["imperfect"], 1024)
         self.assertAlmostEqual(demonstrations["correct"] / 1024, 0.8, delta=0.05)  # imperfect_share 0.2
 
+    def test_training_under_inference_mode_gives_the_same_model(self):
+        with torch.inference_mode():
+            inside, _ = sft.train_sft(SMALL_TASK, TINY)
+        outside, _ = sft.train_sft(SMALL_TASK, TINY)
+        self.assertEqual(state_bytes(inside), state_bytes(outside))
+
     def test_zero_steps_returns_the_initialization(self):
         model, report = sft.train_sft(SMALL_TASK, dataclasses.replace(TINY, steps=0))
         generator = torch.Generator().manual_seed(TINY.seed)
