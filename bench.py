@@ -2,14 +2,17 @@
 
     python bench.py                 # 3 runs of each figure, medians, with the machine named
     python bench.py --runs 7        # more runs on a noisy machine
+    python bench.py --part transformer --output results-bench/transformer.json   # what docs/ quotes
 
-It prints (and writes nothing), per driver: the wall time of the whole default command in a fresh
+It prints, per driver: the wall time of the whole default command in a fresh
 process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which
 imports torch._dynamo); the training loop alone, in this process after that start-up; and, for the
 online driver, the sampled tokens per second. For the transformer policy (tiny_lm.py): sampled tokens
 per second with and without the KV cache and in lower precisions, and the time to score a batch.
 Timings are machine-dependent and noisy: compare medians of the same script on the same machine,
-never against a number measured elsewhere.
+never against a number measured elsewhere. With --output it also writes the figures, the lines
+printed and the machine they were measured on to a JSON file; the guide quotes the committed
+results-bench/transformer.json with its machine named.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import rl_lab  # noqa: E402
 import tiny_lm  # noqa: E402
 import token_objectives  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, int_flag, run_cli  # noqa: E402
+from lab_io import OneLineErrorParser, int_flag, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STARTUP = "import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])"
@@ -112,12 +115,14 @@ def timed_call(function, runs):
 
 
 def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
-    """Lines of tiny_lm figures for one RL batch: `batch` prompts of 4..prompt_width tokens, left-padded,
+    """(lines, figures) of tiny_lm figures for one RL batch: `batch` prompts of 4..prompt_width tokens, left-padded,
     `new_tokens` sampled per prompt by the default TinyLMConfig on one thread. Sampling with and without
     the KV cache (tokens/s over batch x new_tokens positions), with the cache in bfloat16 and float16
     (the sampler/trainer mismatch setting), and scoring the finished batch as the update does: a forward
     pass without gradient (old or reference log-probs) and a forward + backward pass. Each figure is the
-    median over `runs` of the mean of `repeats` calls (one call lasts milliseconds)."""
+    median over `runs` of the mean of `repeats` calls (one call lasts milliseconds). figures:
+    {"parameters", "prompts", "new_tokens", "tokens_sampled", "sampling": {name: {"ms", "tokens_per_s"}},
+    "scoring_forward_ms", "scoring_forward_backward_ms"}."""
     with torch_threads(1):
         generator = torch.Generator().manual_seed(0)
         config = tiny_lm.TinyLMConfig()
@@ -145,10 +150,14 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
 
         lines = [f"tiny_lm.py (default config, {model.num_parameters():,} parameters, 1 thread): {batch} prompts "
                  f"of 4-{prompt_width} tokens, left-padded, x {new_tokens} new tokens ({batch * steps} sampled)"]
-        for name, options in (("sampling with the KV cache", {}), ("sampling without the cache", {"use_cache": False}),
-                              ("sampling with the cache, bfloat16", {"dtype": torch.bfloat16}),
-                              ("sampling with the cache, float16", {"dtype": torch.float16})):
+        figures = {"parameters": model.num_parameters(), "prompts": batch, "new_tokens": new_tokens,
+                   "tokens_sampled": batch * steps, "sampling": {}}
+        for key, name, options in (("cache", "sampling with the KV cache", {}),
+                                   ("no_cache", "sampling without the cache", {"use_cache": False}),
+                                   ("cache_bfloat16", "sampling with the cache, bfloat16", {"dtype": torch.bfloat16}),
+                                   ("cache_float16", "sampling with the cache, float16", {"dtype": torch.float16})):
             seconds, fastest = per_call(lambda: sample(**options))
+            figures["sampling"][key] = {"ms": round(seconds * 1e3, 2), "tokens_per_s": round(batch * steps / seconds)}
             lines.append(f"  {name:36s} {seconds * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
                          f"{batch * steps / seconds:9,.0f} tokens/s")
         with torch.no_grad():
@@ -157,7 +166,8 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
                      f"({batch} x {out.sequences.shape[1]} tokens)")
         both, fastest = per_call(lambda: score(True))
         lines.append(f"  {'scoring forward + backward':36s} {both * 1e3:7.1f} ms [{fastest * 1e3:.1f}]")
-    return lines
+        figures.update(scoring_forward_ms=round(forward * 1e3, 2), scoring_forward_backward_ms=round(both * 1e3, 2))
+    return lines, figures
 
 
 class PhaseClock:
@@ -191,7 +201,9 @@ class PhaseClock:
 def transformer_lines(runs):
     """The transformer policy end to end: the SFT warm start (trained once into a fresh cache), one default
     RL run (`online_tokens.py --policy transformer`, 100 iterations) and the share of an iteration spent
-    sampling, scoring (the old and reference log-probs), updating and evaluating."""
+    sampling, scoring (the old and reference log-probs), updating and evaluating. Returns (lines, figures):
+    {"parameters", "sft_steps", "sft_seconds", "rl_iterations", "rl_run_seconds", "iteration_ms",
+    "shares": {phase: share of an iteration}}."""
     import countdown
     import policies
     import sft
@@ -220,38 +232,71 @@ def transformer_lines(runs):
              f"evaluation): {run[0]:.1f} s [{run[1]:.1f}]",
              f"  one iteration, {total / iterations * 1e3:.0f} ms:"]
     lines += [f"    {name:28s} {seconds / total:6.1%}" for name, seconds in phases.items()]
-    return lines
+    figures = {"parameters": model.num_parameters(), "sft_steps": sft.SFTConfig().steps,
+               "sft_seconds": round(sft_seconds, 2), "rl_iterations": iterations, "rl_run_seconds": round(run[0], 2),
+               "iteration_ms": round(total / iterations * 1e3, 1),
+               "shares": {name: round(seconds / total, 4) for name, seconds in phases.items()}}
+    return lines, figures
+
+
+PARTS = ("all", "drivers", "transformer")
 
 
 def build_parser():
     parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
-                                "training loop, tokens/s. Prints only.")
+                                "training loop, tokens/s; the tiny transformer's sampling, SFT and RL run.")
     parser.add_argument("--runs", type=int_flag(1, 50), default=3,
                         help="runs of each figure, integer in [1, 50]; the median is shown (default: 3)")
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="what to time: the drivers (whole process, loop, tokens/s), the transformer "
+                             "(tiny_lm sampling and scoring, SFT, one RL run), or all (default: all)")
+    parser.add_argument("--output", default=None,
+                        help="also write the figures, the printed lines and the machine to this JSON file "
+                             "(default: off, print only)")
     return parser
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    lines = [f"machine: {machine()}", f"runs per figure: {args.runs} (median, min in brackets)", ""]
-    torch.set_num_threads(1)  # as the drivers train
+def drivers_lines(runs):
+    """Lines of the drivers' figures: the fixed start-up, each default command in a fresh process and its
+    training loop alone in this process, the online driver's sampled tokens per second."""
+    lines = []
     with scratch_folder() as folder:
-        startup = timed_process(["-c", STARTUP], args.runs, folder)
+        startup = timed_process(["-c", STARTUP], runs, folder)
         lines.append(f"fixed start-up (import torch + first optimizer): {startup[0]:.2f} s [{startup[1]:.2f}]")
         rl_lab.train("dpo", steps=1)  # this process's own start-up, outside every clock below
         lines.append(f"{'driver':34s} {'whole process':>15s} {'training loop':>15s}")
         for name, (command, loop) in COMMANDS.items():
-            whole = timed_process([os.path.join(HERE, command[0]), *command[1:]], args.runs, folder)
-            alone = timed_call(loop, args.runs)
+            whole = timed_process([os.path.join(HERE, command[0]), *command[1:]], runs, folder)
+            alone = timed_call(loop, runs)
             lines.append(f"{name:34s} {whole[0]:8.2f} s [{whole[1]:.2f}] {alone[0]:8.3f} s [{alone[1]:.3f}]")
     rows = online_tokens.train()[0]
-    loop = timed_call(online_tokens.train, args.runs)
+    loop = timed_call(online_tokens.train, runs)
     tokens = rows[-1]["total_tokens_sampled"]
     lines += ["", f"online_tokens.py (grpo, 60 iterations of 8 x 8): {tokens} tokens sampled, "
                   f"{tokens / loop[0]:,.0f} tokens/s (sampling, scoring and updates)"]
-    lines += ["", *tiny_lm_lines(args.runs)]
-    lines += ["", *transformer_lines(args.runs)]
+    return lines
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.output is not None:
+        output_file_or_exit(parser, args.output)
+    lines = [f"machine: {machine()}", f"runs per figure: {args.runs} (median, min in brackets)"]
+    report = {"machine": machine(), "runs": args.runs, "part": args.part,
+              "command": " ".join(["python bench.py", *(argv if argv is not None else sys.argv[1:])])}
+    torch.set_num_threads(1)  # as the drivers train
+    if args.part in ("all", "drivers"):
+        lines += ["", *drivers_lines(args.runs)]
+    if args.part in ("all", "transformer"):
+        sampling_lines, report["tiny_lm"] = tiny_lm_lines(args.runs)
+        run_lines, report["transformer"] = transformer_lines(args.runs)
+        lines += ["", *sampling_lines, "", *run_lines]
     print("\n".join(lines))
+    if args.output is not None:
+        report["lines"] = lines
+        write_files({args.output: json_text(report)})
+        print(f"-> {args.output}")
     return 0
 
 

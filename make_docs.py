@@ -6,7 +6,8 @@
 
 No measured number is typed into a page: a template (docs/templates/) holds the prose and placeholders,
 and every number, table and flag list is rendered from the committed results (results/, results-chain/,
-results-tokens.json, results-online-*/, results-experiments/, results-bridge/conformance.md) or from the
+results-tokens.json, results-online-*/, results-experiments/, results-bridge/conformance.md, the timings
+of results-bench/transformer.json with the machine they were measured on) or from the
 code itself (each program's argparse parser, the atoms' docstrings, library_map's table, the test files).
 
 A placeholder is `{{ EXPRESSION }}` or `{{ EXPRESSION:FORMAT }}`, on one line: a Python f-string
@@ -66,6 +67,7 @@ ONLINE_RUNS = {"grpo": "results-online-grpo-sequence", "cispo": "results-online-
                "transformer": "results-online-transformer-grpo-sequence"}
 ATLAS = "results-experiments"
 CONFORMANCE = os.path.join("results-bridge", "conformance.md")
+BENCH = os.path.join("results-bench", "transformer.json")  # python bench.py --part transformer --output BENCH
 ARXIV = re.compile(r"arXiv[ :]*([0-9]{4}\.[0-9]{4,5})")
 # What each cited arXiv id is. An id cited in the code but missing here is listed without a title.
 ARXIV_TITLES = {
@@ -609,6 +611,17 @@ def atlas_table(root):
 # ---------------------------------------------------------------------------------------------
 
 
+def readme_before_after(evaluation):
+    """The few rows of a transformer run's before/after evaluation that README.txt shows, indented."""
+    rows = [("pass@1", "pass@1", 4), ("pass@64", "pass@64", 4), ("entropy per token", "entropy_per_token", 4),
+            ("distinct correct answers per prompt", "distinct_correct_per_prompt", 2)]
+    lines = [f"    {'':38s}{'SFT start':>10s}{'after RL':>10s}"]
+    for label, key, digits in rows:
+        before, after = evaluation.before[key], evaluation.after[key]
+        lines.append(f"    {label:38s}{before:10.{digits}f}{after:10.{digits}f}")
+    return "\n".join(lines)
+
+
 def namespace(root):
     """Every name a placeholder may use: the committed results, the code's facts, the helpers."""
     rl_lab = importlib.import_module("rl_lab")
@@ -632,12 +645,16 @@ def namespace(root):
         "comparison": Data({row.algorithm: row for row in read_csv(root, "results-online-all/comparison.csv")}),
         "comparison_md": read_text(root, "results-online-all/comparison.md").strip(),
         "atlas": Data({name: Experiment(root, name) for name in experiment_folders(root)}),
+        "atlas_rows": lambda name: Data({row.configuration: row
+                                         for row in read_csv(root, os.path.join(ATLAS, name, "summary.csv"))}),
+        "bench": read_json(root, BENCH),
         "conformance": section_reader(CONFORMANCE),
         "json": json, "pins": lambda filename, *packages: pins(root, filename, *packages),
         "online_default": lambda name: online_settings.BY_NAME[name].default,
         "policy_losses": online_algorithms.POLICY_LOSSES, "preference_losses": online_algorithms.PREFERENCE_LOSSES,
         "demo": json.loads(json.dumps(rl_lab.atomic_demo()), object_hook=Data),
         "atoms_text": lambda: rl_lab.atoms_text(rl_lab.atomic_demo()),
+        "readme_before_after": readme_before_after,
         "sft_table": lambda evaluation: importlib.import_module("sft").table_text(evaluation).rstrip(),
         "limits": Data({
             "group_actions": rl_lab.MAX_GROUP_ACTIONS, "token_positions": online_settings.MAX_TOKEN_POSITIONS,
@@ -662,6 +679,7 @@ def namespace(root):
         "atlas_summary": lambda name: _atlas_summary(root, name),
     }
     names["printed"] = Data(printed_summaries(root, names))
+    names["bench_text"] = "\n".join(names["bench"].lines[3:])  # what bench.py printed below its machine line
     return names
 
 

@@ -111,7 +111,10 @@ PROGRAMS = {
         ("--output", ["--input", PLOT_INPUT, "--output", "figure.gif"]),
     ]),
     "sft.py": Program(sft.main, sft.build_parser, None, "folder", [("--steps", ["--steps", "-1"])], writes=False),
-    "bench.py": Program(bench.main, bench.build_parser, None, "none", [("--runs", ["--runs", "0"])], writes=False),
+    "bench.py": Program(bench.main, bench.build_parser, None, "none", [
+        ("--runs", ["--runs", "0"]), ("--part", ["--part", "everything"]),
+        ("--output", ["--part", "transformer", "--output", os.curdir]),  # a folder: refused before any timing
+    ], writes=False),
     "library_map.py": Program(library_map.main, library_map.build_parser, None, "none", [("--x", ["--x"])],
                               writes=False),
     "make_docs.py": Program(make_docs.main, make_docs.build_parser, None, "none", [("--check", ["--check=yes"])],
