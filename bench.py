@@ -24,7 +24,6 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
 
 import contextlib  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -39,7 +38,7 @@ import ppo_chain  # noqa: E402
 import rl_lab  # noqa: E402
 import tiny_lm  # noqa: E402
 import token_objectives  # noqa: E402
-from lab_checks import torch_threads  # noqa: E402
+from lab_checks import machine, torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, int_flag, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,21 +52,6 @@ COMMANDS = {  # driver -> (default command, the training loop alone in-process)
                                          lambda: [online_tokens.train(algorithm=name)
                                                   for name in online_tokens.FOUR_ALGORITHMS]),
 }
-
-
-def machine():
-    """CPU model, cores, Python and torch versions: the line every quoted time needs."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-            f"{platform.system()} {platform.machine()}")
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ import online_tokens  # noqa: E402
 import ppo_chain  # noqa: E402
 from policies import TablePolicy, logps_of_tokens, nucleus  # noqa: E402
 import rl_lab  # noqa: E402
-from lab_checks import torch_threads  # noqa: E402
+from lab_checks import machine, torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
     Progress,
     HeldSignals,
@@ -65,6 +65,7 @@ from lab_io import (  # noqa: E402
     csv_text,
     int_flag,
     json_text,
+    output_file_or_exit,
     output_folder_or_exit,
     run_cli,
     write_files,
@@ -2228,6 +2229,9 @@ def build_parser():
                              "seeds; with --seeds N, --seed-start S or --quick, results-experiments-seedsN-startS-quick "
                              "with the parts given, so that the committed atlas is only rewritten by the run that "
                              "made it)")
+    parser.add_argument("--timings", default=None,
+                        help="also write each experiment's run time (seconds summed over its runs), the wall time "
+                             "and the machine to this JSON file, outside the deterministic results (default: off)")
     return parser
 
 
@@ -2249,6 +2253,8 @@ def main(argv=None):
     if args.output is None:
         args.output = default_output(args.seeds, args.seed_start, args.quick)
     output_folder_or_exit(parser, args.output)
+    if args.timings is not None:
+        output_file_or_exit(parser, args.timings, flag="--timings")
     for name in names:  # every experiment's folder, before any run
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
     if args.quick:
@@ -2275,8 +2281,16 @@ def main(argv=None):
                               seed_start=args.seed_start)
     progress("run time per experiment (sum over its runs, this machine): " + ", ".join(
         f"{name} {value:.1f} s" for name, value in sorted(seconds.items(), key=lambda item: -item[1])))
-    progress(f"{len(written)} experiment(s), {sum(seconds.values()):.1f} s of runs, "
-             f"{time.perf_counter() - started:.1f} s on {args.jobs} worker(s)")
+    wall = time.perf_counter() - started
+    progress(f"{len(written)} experiment(s), {sum(seconds.values()):.1f} s of runs, {wall:.1f} s on {args.jobs} worker(s)")
+    if args.timings is not None:  # measured, so never byte-identical: kept apart from the experiments' folders
+        command = " ".join(["python experiments.py", *(argv if argv is not None else sys.argv[1:])])
+        write_files({args.timings: json_text({
+            "machine": machine(), "command": command, "jobs": args.jobs, "wall_seconds": round(wall, 1),
+            "run_seconds": {name: round(value, 1) for name, value in seconds.items()},
+            "seed_start": args.seed_start, "quick": args.quick,
+            "seeds": {name: len(seed_list(table[name], args.seeds, args.seed_start)) for name in names}})})
+        progress(f"-> {args.timings}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Argument checks shared by the atoms and the drivers, and the thread and grad-mode guards of every training function.
+"""Argument checks shared by the atoms and the drivers, the thread and grad-mode guards of every training function,
+and the machine line every quoted timing carries.
 
 Every check raises ValueError with a message that starts with the argument's name, so a learner who
 passes the wrong thing sees which argument and what was expected:
@@ -18,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
+import platform
 
 import torch
 
@@ -181,6 +184,21 @@ def exp_limit(dtype):
     """The largest log-value whose exp() stays finite in `dtype`, less one nat of headroom (about 708.8
     for float64, 87.7 for float32, 10.1 for float16): the atoms clamp log-ratios there before exp()."""
     return math.log(torch.finfo(dtype).max) - 1.0
+
+
+def machine():
+    """CPU model, cores, Python and torch versions: the line every quoted time needs."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{platform.system()} {platform.machine()}")
 
 
 @contextlib.contextmanager

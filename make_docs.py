@@ -169,6 +169,12 @@ def unescape(text):
     return re.sub(r"\\(.)", r"\1", text)
 
 
+def prose(text):
+    """Like `escape`, but a `span` in backticks stays inline code (a docstring's names read as code)."""
+    parts = re.split(r"`([^`]+)`", str(text))  # even indexes: prose, odd: what was in backticks
+    return "".join(code(part) if index % 2 else escape(part) for index, part in enumerate(parts))
+
+
 def code(text):
     """Inline code in a table cell (a | still ends a cell inside backticks on GitHub)."""
     return "`" + str(text).replace("|", "\\|") + "`"
@@ -394,7 +400,7 @@ def atoms_index(root):
     for family, names in atom_families(root):
         lines += ["", f"### {family[0].upper() + family[1:]}", "",
                   "| atom | what it computes (first line of its docstring) |", "|---|---|"]
-        lines += [f"| `{name}` | {escape(summary)} |" for name, summary in names]
+        lines += [f"| `{name}` | {prose(summary)} |" for name, summary in names]
     return "\n".join(lines).strip()
 
 
@@ -404,7 +410,7 @@ def test_files(root):
     rows = []
     for filename in sorted(name for name in os.listdir(root) if name.startswith("test_") and name.endswith(".py")):
         first = module_docstring(root, filename).split("\n\n")[0]
-        rows.append(f"| `{filename}` | {escape(' '.join(first.split()))} |")
+        rows.append(f"| `{filename}` | {prose(' '.join(first.split()))} |")
     return "\n".join(["| file | what it checks (its docstring) |", "|---|---|"] + rows)
 
 

@@ -105,6 +105,7 @@ PROGRAMS = {
         ("NAME", ["nope"]), ("NAME", []), ("--seeds", ["all", "--seeds", "0"]), ("--jobs", ["all", "--jobs", "0"]),
         ("--seeds", ["all", "--seeds", "x"]), ("--seed-start", ["all", "--seed-start", "-1"]),
         ("--seed-start", ["all", "--seed-start", "1.5"]), ("--seed-start", ["all", "--seed-start", str(2**63)]),
+        ("--timings", ["all", "--timings", os.curdir]),  # a folder: refused before any run
     ]),
     "plot_results.py": Program(plot_results.main, plot_results.build_parser,
                                ["--input", PLOT_INPUT, "--output", "{out}"], "file", [
