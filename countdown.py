@@ -5,8 +5,8 @@
     task.decode(task.prompt_tokens([0])[0])                 # 'BOS1234:1='
     [task.decode(s) for s in task.solutions(0)]             # ['2-1EOS', '3-2EOS', '4-3EOS', '2+3-4EOS', ...]
 
-The task TinyZero and many RLVR papers train on, cut down so that a transformer of about 100k
-parameters learns it on a CPU in seconds. A prompt gives distinct single-digit numbers in increasing
+The task TinyZero and many RLVR papers train on, cut down so that a transformer of about 60k
+parameters learns it on one CPU core in under a minute. A prompt gives distinct single-digit numbers in increasing
 order and a target; a response is an expression over some of them (at least two, each at most once)
 joined by the allowed operators, then EOS:
 
