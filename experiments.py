@@ -1544,7 +1544,7 @@ def _passk_narrowing():
             {"kind": "values", "metrics": ["test_distinct_correct_per_prompt_after"],
              "title": "distinct correct answers per test prompt after RL", "ylabel": "answers (of 64 samples)"}]},
         quick=TRANSFORMER_QUICK,
-        cost=24.0,
+        cost=34.0,
     )
 
 
@@ -1582,7 +1582,7 @@ def _sft_vs_rl_generalization():
             {"kind": "values", "metrics": ["generalization_gap"], "title": "train minus test success at the end",
              "ylabel": "difference"}]},
         quick=TRANSFORMER_QUICK,
-        cost=18.0,
+        cost=32.0,
     )
 
 
@@ -1621,7 +1621,7 @@ def _clip_higher_entropy():
             {"kind": "curves", "columns": ["test_success_probability"], "title": "exact success, test prompts",
              "ylabel": "p(correct)"}]},
         quick=TRANSFORMER_QUICK,
-        cost=18.0,
+        cost=22.0,
     )
 
 
