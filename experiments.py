@@ -1856,6 +1856,15 @@ def _worker_ended(process):
     raise ChildProcessError(f"worker process {process.pid} ended {how} before its run finished{hint}")
 
 
+def _hand_over(connection, job, process):
+    """Send a job to a worker. A worker that died since its last answer shows as a broken pipe here:
+    report how it ended, never a BrokenPipeError, which run_cli would take for a closed standard output."""
+    try:
+        connection.send(job)
+    except OSError:
+        _worker_ended(process)
+
+
 def _results_from_workers(all_jobs, jobs_count):
     """Yield (index, seconds, result) of every job as `jobs_count` worker processes finish them. No pool
     threads: the main process hands each idle worker the next job and waits for any answer. However it
@@ -1873,7 +1882,7 @@ def _results_from_workers(all_jobs, jobs_count):
             theirs.close()  # the worker's end lives in the worker only, so its death reads as end-of-file
             workers[ours] = process
         for connection in workers:
-            connection.send(pending.pop())
+            _hand_over(connection, pending.pop(), workers[connection])
         busy = set(workers)
         while busy:
             for connection in multiprocessing.connection.wait(list(busy)):
@@ -1884,7 +1893,7 @@ def _results_from_workers(all_jobs, jobs_count):
                 if not finished:
                     raise value
                 if pending:
-                    connection.send(pending.pop())
+                    _hand_over(connection, pending.pop(), workers[connection])
                 else:
                     busy.discard(connection)
                 yield value

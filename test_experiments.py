@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import multiprocessing
 import os
 import signal
 import statistics
@@ -391,6 +392,23 @@ class Workers(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertRegex(stderr, r"worker process (\d+) ended by SIGKILL before its run finished")
         self.assertIn(int(stderr.split("worker process ")[1].split()[0]), killed_pids)
+
+
+def _die_by_sigkill():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class HandOver(unittest.TestCase):
+    def test_a_job_for_a_worker_that_died_is_the_line_saying_how_it_ended(self):
+        context = multiprocessing.get_context("fork")
+        ours, theirs = context.Pipe()
+        process = context.Process(target=_die_by_sigkill, daemon=True)
+        process.start()
+        process.join()
+        theirs.close()  # as _results_from_workers does: the dead worker held the only other end
+        with self.assertRaisesRegex(ChildProcessError, rf"worker process {process.pid} ended by SIGKILL"):
+            experiments._hand_over(ours, ("job",), process)  # a BrokenPipeError would read as a closed stdout
+        ours.close()
 
 
 def alive(pid):
