@@ -585,6 +585,8 @@ def _say(text):
 def _settle_stdout():
     """Flush what main() printed; if stdout is closed or full, point it at the null device so that the
     interpreter's own flush at exit cannot print a second error."""
+    if _lost_stdout:  # Progress met it first and already pointed stdout at the null device
+        return _lost_stdout.pop()
     if sys.stdout is None:  # started with stdout closed (`>&-`): print() already wrote nothing
         return None
     try:
@@ -604,9 +606,14 @@ def _out_of_memory(error):
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
+_lost_stdout = []  # the error that made Progress stop printing, other than a reader that went away
+
+
 class Progress:
     """Progress lines of a long run on stdout: a reader that goes away (`| head`) stops the lines, not the
-    run (the files are still written; stdout then points at the null device)."""
+    run (the files are still written; stdout then points at the null device). Any other failure to print
+    (a full disk behind `> file`) also lets the run finish and write its files, then run_cli ends it with
+    one line and status 1: the printed results were lost, and the exit status must say so."""
 
     def __init__(self):
         self.closed = False
@@ -616,8 +623,10 @@ class Progress:
             return
         try:
             print(line, flush=True)
-        except (BrokenPipeError, OSError, ValueError, AttributeError):  # AttributeError: stdout closed (None)
+        except (BrokenPipeError, OSError, ValueError, AttributeError) as error:  # AttributeError: stdout None
             self.closed = True
+            if isinstance(error, OSError) and not isinstance(error, BrokenPipeError):
+                _lost_stdout.append(error)
             try:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             except (OSError, ValueError, AttributeError):
@@ -685,7 +694,11 @@ def _run(main_function):
              "so a folder holds all of this run's files or none of them")
         return 128 + signum
     except OSError as error:
-        _settle_stdout()
+        stdout_error = _settle_stdout()
+        if stdout_error is not None and not isinstance(error, WriteFailed) and error.filename is None:
+            # print() itself failed (a full disk behind `> file`): say which file it was
+            _say(f"{program}: error: cannot write to standard output: {getattr(error, 'strerror', None) or error}")
+            return 1
         reason = str(error) if isinstance(error, WriteFailed) else (
             f"{error.strerror or error}" + (f": {error.filename!r}" if error.filename else ""))
         _say(f"{program}: error: {reason}")

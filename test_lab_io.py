@@ -424,6 +424,52 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertEqual(err.getvalue().count("\n"), 1)
         self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
 
+    def test_progress_into_a_full_stdout_lets_the_run_finish_then_says_so_with_status_1(self):
+        class FullStream(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        written = []
+
+        def main(argv):
+            progress = lab_io.Progress()
+            progress("step 1")  # fails: the run goes on
+            written.append("files")
+            progress("step 2")
+            return 0
+
+        def printing_main(argv):
+            print("a line", flush=True)  # fails inside main: an OSError without a file name
+            return 0
+
+        for program, expected_written in ((main, ["files"]), (printing_main, [])):
+            written.clear()
+            full = io.TextIOWrapper(io.BufferedWriter(FullStream()), encoding="utf-8")
+            err = io.StringIO()
+            with mock.patch.object(sys, "stdout", full), mock.patch.object(sys, "stderr", err):
+                code = lab_io.run_cli(lambda: program([]))
+            self.assertEqual(code, 1)
+            self.assertEqual(written, expected_written)
+            self.assertEqual(err.getvalue().count("\n"), 1)
+            self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
+
+    @unittest.skipUnless(os.path.exists("/dev/full"), "needs /dev/full")
+    def test_progress_into_dev_full_in_a_process_is_status_1(self):
+        # In a real process Progress points the full stdout at the null device: the flush at the end then
+        # succeeds, so only the recorded failure can make the status say that the printed lines were lost.
+        code = ("import sys, lab_io\n"
+                "def main():\n    lab_io.Progress()('a progress line')\n    return 0\n"
+                "sys.exit(lab_io.run_cli(main))\n")
+        with open("/dev/full", "w") as full:
+            finished = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True,
+                                      cwd=os.path.dirname(os.path.abspath(lab_io.__file__)), timeout=60, check=False)
+        self.assertEqual(finished.returncode, 1)
+        self.assertEqual(finished.stderr.count("\n"), 1)
+        self.assertIn("cannot write to standard output: No space left on device", finished.stderr)
+
     def test_help_into_a_full_stdout_is_one_line_and_status_1_in_every_program(self):
         class FullStream(io.RawIOBase):
             def writable(self):
