@@ -305,6 +305,23 @@ def output_file_problem(path):
     return output_folder_problem(os.path.dirname(path) or os.curdir, [os.path.basename(path)])
 
 
+MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
+
+
+def input_file_problem(path, max_bytes=MAX_INPUT_BYTES):
+    """Why `path` cannot be read as one of the lab's outputs, or None. Checked before opening it: a FIFO
+    would block forever, /dev/zero would never end, a huge file would fill memory."""
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        return f"cannot read ({error.strerror or error})"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_size > max_bytes:
+        return f"{info.st_size} bytes, far larger than any output of the lab"
+    return None
+
+
 def output_folder_or_exit(parser, path, filenames=(), flag="--output"):
     """Check the output folder before any work, or exit 2 with one line naming the flag."""
     problem = output_folder_problem(path, filenames)

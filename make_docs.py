@@ -44,7 +44,7 @@ import os  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 
-from lab_io import OneLineErrorParser, run_cli, write_files  # noqa: E402
+from lab_io import OneLineErrorParser, input_file_problem, run_cli, write_files  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join("docs", "templates")
@@ -118,9 +118,25 @@ class Data(dict):
             raise AttributeError(f"no key {name!r} (keys: {', '.join(map(str, self))})") from None
 
 
+def _open_result(root, relative, **options):
+    """Open a committed result for reading, or raise RenderError naming it: a FIFO, a device or a huge file
+    in its place is refused before it is opened (it would block or never end)."""
+    path = os.path.join(root, relative)
+    problem = input_file_problem(path)
+    if problem is not None:
+        raise RenderError(f"{relative}: {problem}")
+    try:
+        return open(path, encoding="utf-8", **options)
+    except OSError as error:
+        raise RenderError(f"{relative}: cannot read ({error.strerror or error})") from None
+
+
 def read_json(root, relative):
-    with open(os.path.join(root, relative), encoding="utf-8") as handle:
-        return json.load(handle, object_hook=Data)
+    with _open_result(root, relative) as handle:
+        try:
+            return json.load(handle, object_hook=Data)
+        except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError too
+            raise RenderError(f"{relative}: not valid JSON ({type(error).__name__}: {error})") from None
 
 
 def _cell(text):
@@ -133,13 +149,24 @@ def _cell(text):
 
 
 def read_csv(root, relative):
-    with open(os.path.join(root, relative), encoding="utf-8", newline="") as handle:
-        return [Data({key: _cell(value) for key, value in row.items()}) for row in csv.DictReader(handle)]
+    """The rows of a committed CSV as Data (numbers as numbers); RenderError naming the file when it cannot
+    be read or has no data row (every CSV the lab writes has one)."""
+    with _open_result(root, relative, newline="") as handle:
+        try:
+            rows = [Data({key: _cell(value) for key, value in row.items()}) for row in csv.DictReader(handle)]
+        except (ValueError, csv.Error) as error:
+            raise RenderError(f"{relative}: not a readable CSV ({type(error).__name__}: {error})") from None
+    if not rows:
+        raise RenderError(f"{relative}: no data rows")
+    return rows
 
 
 def read_text(root, relative):
-    with open(os.path.join(root, relative), encoding="utf-8") as handle:
-        return handle.read()
+    with _open_result(root, relative) as handle:
+        try:
+            return handle.read()
+        except ValueError as error:
+            raise RenderError(f"{relative}: not UTF-8 text ({error})") from None
 
 
 def experiment_folders(root):

@@ -35,12 +35,19 @@ import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import stat  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 import warnings  # noqa: E402
 
-from lab_io import OneLineErrorParser, one_line, output_file_problem, run_cli, write_files  # noqa: E402
+from lab_io import (  # noqa: E402
+    MAX_INPUT_BYTES,
+    OneLineErrorParser,
+    input_file_problem,
+    one_line,
+    output_file_problem,
+    run_cli,
+    write_files,
+)
 
 # Without a writable home, matplotlib makes itself a temporary config and cache folder (removed at exit)
 # and logs a warning about it that would break the one-line stderr: that warning is silenced here.
@@ -72,7 +79,6 @@ BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0
 CHAIN_INITIAL_RETURN = 0.3
 TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
 FORMATS = (".svg", ".png")
-MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
 # Settings that online_tokens.config resolves per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
 # 5.0 for cispo, ...): between two algorithms their difference is the algorithm's, so they label a run only
 # when runs of the same algorithm differ in them.
@@ -95,16 +101,10 @@ class PlotInputError(Exception):
 
 
 def _check_input_file(path):
-    """Refuse what is not a regular file of a sane size before opening it: a FIFO would block forever
-    and /dev/zero would never end."""
-    try:
-        info = os.stat(path)
-    except OSError as error:
-        raise PlotInputError(f"{path}: cannot read ({error.strerror or error})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise PlotInputError(f"{path}: not a regular file")
-    if info.st_size > MAX_INPUT_BYTES:
-        raise PlotInputError(f"{path}: {info.st_size} bytes, far larger than any output of the lab")
+    """Refuse what is not a regular file of a sane size before opening it (lab_io.input_file_problem)."""
+    problem = input_file_problem(path, MAX_INPUT_BYTES)
+    if problem is not None:
+        raise PlotInputError(f"{path}: {problem}")
 
 
 def read_csv(path, required_columns):

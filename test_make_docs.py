@@ -132,6 +132,24 @@ class CommittedPages(unittest.TestCase):
         without = {path: text for path, text in rendered().items() if path != f"docs/atlas/{gone}.md"}
         self.assertTrue(make_docs.first_difference(without, HERE).startswith(f"docs/atlas/{gone}.md is not rendered"))
 
+    def test_a_result_that_is_malformed_or_not_a_file_is_one_line_naming_it(self):
+        cases = {"results/ppo.json": ("{", "results/ppo.json: not valid JSON"),
+                 "results/grpo.csv": ("step,expected_reward\n", "results/grpo.csv: no data rows"),
+                 "results-chain/ppo-chain.csv": ("\udcff", "results-chain/ppo-chain.csv: not a readable CSV")}
+        for path, (text, expected) in cases.items():
+            with self.subTest(path=path), copy_of_the_lab({path: ""}) as root:
+                with open(os.path.join(root, path), "w", encoding="utf-8", errors="surrogateescape") as handle:
+                    handle.write(text)  # "\udcff" writes the byte 0xff: not UTF-8
+                code, stdout, stderr = run_main(lambda argv, root=root: make_docs.main(argv, root=root), ["--check"])
+                self.assertEqual((code, stdout), (1, ""))
+                self.assertEqual(stderr.strip(), f"make_docs.py: error: {expected}" + stderr.strip().split(expected)[1])
+                self.assertEqual(len(stderr.splitlines()), 1)
+        with copy_of_the_lab({"results/ppo.json": ""}) as root:  # a FIFO would block a reader forever
+            os.remove(os.path.join(root, "results", "ppo.json"))
+            os.mkfifo(os.path.join(root, "results", "ppo.json"))
+            with self.assertRaisesRegex(make_docs.RenderError, r"^results/ppo\.json: not a regular file$"):
+                make_docs.render_all(root)
+
     def test_a_template_error_names_the_template_line_and_placeholder(self):
         with self.assertRaisesRegex(make_docs.RenderError, r"^t\.md line 2: \{\{nothing\.here:\.4f\}\}: NameError"):
             make_docs.render("fine\n{{nothing.here:.4f}}", {}, "t.md")
