@@ -262,6 +262,12 @@ def _probe_writable(folder):
     return None
 
 
+def _staging_part(path):
+    """The first part of `path` named like a stage (.rl-lab-tmp-<pid>-<hex>), or None. A write clears the
+    stages of runs that died from its folder, so an output inside one would be lost to the next run."""
+    return next((part for part in path.split(os.sep) if _TEMPORARY_NAME.match(part)), None)
+
+
 def output_folder_problem(path, filenames=()):
     """A one-line reason why the run cannot write `filenames` into the folder `path`, or None.
 
@@ -275,6 +281,9 @@ def output_folder_problem(path, filenames=()):
     if os.path.lexists(path) and not os.path.isdir(path):
         return f"{path!r} exists and is not a folder"
     folder = os.path.realpath(path)
+    staging = _staging_part(os.path.join(folder, *filenames))
+    if staging:
+        return f"{staging!r} is named like the lab's staging folders, which a later write removes: choose another name"
     existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         return f"{existing!r} is not a folder"
@@ -543,7 +552,11 @@ def write_files(files):
     for path, data in files.items():
         if os.path.basename(path) in ("", os.curdir, os.pardir):
             raise WriteFailed(f"cannot write {path!r}: not a file name")
-        targets[_target_path(path)] = data
+        target = _target_path(path)
+        if _staging_part(target):
+            raise WriteFailed(f"cannot write {path!r}: {_staging_part(target)!r} is named like the lab's staging "
+                              "folders, which a later write removes")
+        targets[target] = data
     for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
         longest = _longest_path(_nearest_existing(os.path.dirname(target)))
         if len(os.fsencode(target)) > longest:

@@ -151,6 +151,18 @@ class OutputsThatMustNotBeReplaced(unittest.TestCase):
             lab_io.write_files({deep: "{}\n"})
         self.assertEqual(os.listdir(self.tmp.name), [])
 
+    def test_an_output_named_like_a_stage_is_refused_so_no_later_write_removes_it(self):
+        stage_like = ".rl-lab-tmp-99998-abcdefabcdef"  # a pid that has ended: the next write would clear it
+        for problem in (lab_io.output_folder_problem(self.path(stage_like)),
+                        lab_io.output_folder_problem(self.path(stage_like, "run"), ["online.csv"]),
+                        lab_io.output_file_problem(self.path(stage_like)),
+                        lab_io.output_folder_problem(self.path(), [stage_like])):
+            self.assertIn(f"'{stage_like}' is named like the lab's staging folders", problem)
+        with self.assertRaisesRegex(lab_io.WriteFailed, "named like the lab's staging folders"):
+            lab_io.write_files({self.path(stage_like, "online.csv"): "x\n"})
+        self.assertIsNone(lab_io.output_folder_problem(self.path(".rl-lab-tmp-mine")))  # not the stage pattern
+        self.assertEqual(os.listdir(self.tmp.name), [])
+
     def test_checks_create_nothing(self):
         target = self.path("a", "b", "c")
         self.assertIsNone(lab_io.output_folder_problem(target, ["x.csv"]))
