@@ -54,6 +54,8 @@ import torch.nn.functional as F  # noqa: E402
 
 import online_tokens  # noqa: E402
 import ppo_chain  # noqa: E402
+import policies  # noqa: E402
+from online_settings import resolve  # noqa: E402
 from policies import TablePolicy, logps_of_tokens, nucleus  # noqa: E402
 import rl_lab  # noqa: E402
 from lab_checks import machine, torch_threads  # noqa: E402
@@ -2141,6 +2143,17 @@ def _first_seed_title(title, rows):
     return f"{title} (seeds from {', '.join(map(str, starts))})" if starts else title
 
 
+def sft_folders(selected):
+    """The SFT cache folders the selected experiments' transformer runs train into (checked before any run)."""
+    folders = set()
+    for experiment in selected:
+        for _, runner, options in experiment.configurations:
+            if runner == "run_transformer":
+                sft_options = {name: options[name] for name in ("sft_steps", "sft_folder") if name in options}
+                folders.add(policies.sft_cache_folder(resolve({**TRANSFORMER, **sft_options})))
+    return sorted(folders)
+
+
 def warm_start(selected):
     """Train (or load) every SFT start the selected experiments' transformer runs load, once, here: the
     workers then all find it cached instead of each training the same one."""
@@ -2268,6 +2281,9 @@ def main(argv=None):
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
     if args.quick:
         table = {name: at_quick_size(experiment) for name, experiment in table.items()}
+    for folder in sft_folders(table[name] for name in names):  # where a transformer run trains its SFT start
+        output_folder_or_exit(parser, os.path.dirname(folder), flag="NAME (the SFT cache of its transformer runs)")
+        output_folder_or_exit(parser, folder, policies.SFT_FILES, flag="NAME (the SFT cache of its transformer runs)")
     import plot_results  # matplotlib only now: --list and bad names stay quick
 
     written = []

@@ -278,8 +278,11 @@ def output_folder_problem(path, filenames=()):
         return f"expected a folder name, got {path!r}"
     if "\0" in path:
         return "expected a folder name without a NUL character"
-    if os.path.lexists(path) and not os.path.isdir(path):
-        return f"{path!r} exists and is not a folder"
+    parts = path.split(os.sep)
+    for count in range(1, len(parts) + 1):  # the path as given: a file or a dangling link on the way is no folder
+        prefix = os.sep.join(parts[:count]) or os.sep
+        if os.path.lexists(prefix) and not os.path.isdir(prefix):
+            return f"{prefix!r} exists and is not a folder"
     folder = os.path.realpath(path)
     staging = _staging_part(os.path.join(folder, *filenames))
     if staging:

@@ -424,6 +424,21 @@ class CommandLine(unittest.TestCase):
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
 
+    def test_an_sft_cache_that_cannot_be_written_is_refused_before_any_run(self):
+        cwd = os.getcwd()
+        self.addCleanup(os.chdir, cwd)
+        os.chdir(self.tmp.name)  # the quick transformer runs train their SFT start into ./results-sft/quick
+        for make in (lambda: os.symlink("/nonexistent-rl-lab-target", "results-sft"),  # dangling: never followed
+                     lambda: open("results-sft", "w").close()):
+            make()
+            code, stdout, stderr = run_main(experiments.main, ["passk-narrowing", "--quick", "--seeds", "1",
+                                                               "--output", "out"])
+            self.assertEqual((code, stdout), (2, ""))
+            self.assertIn("the SFT cache of its transformer runs): 'results-sft' exists and is not a folder", stderr)
+            self.assertEqual(sorted(os.listdir(".")), ["results-sft"])
+            self.assertFalse(os.path.lexists("/nonexistent-rl-lab-target"))
+            os.remove("results-sft")
+
     def test_list_names_every_experiment(self):
         code, stdout, _ = run_main(experiments.main, ["--list"])
         self.assertEqual(code, 0)

@@ -163,6 +163,15 @@ class OutputsThatMustNotBeReplaced(unittest.TestCase):
         self.assertIsNone(lab_io.output_folder_problem(self.path(".rl-lab-tmp-mine")))  # not the stage pattern
         self.assertEqual(os.listdir(self.tmp.name), [])
 
+    def test_a_file_or_a_dangling_link_on_the_way_is_no_folder(self):
+        os.symlink(self.path("nowhere"), self.path("dangling"))
+        open(self.path("file"), "w").close()
+        self.assertIn("'%s' exists and is not a folder" % self.path("dangling"),
+                      lab_io.output_folder_problem(self.path("dangling", "quick")))
+        self.assertIn("'%s' exists and is not a folder" % self.path("file"),
+                      lab_io.output_file_problem(self.path("file", "quick", "out.json")))
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["dangling", "file"])  # nowhere was not created
+
     def test_checks_create_nothing(self):
         target = self.path("a", "b", "c")
         self.assertIsNone(lab_io.output_folder_problem(target, ["x.csv"]))
