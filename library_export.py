@@ -8,7 +8,8 @@ library_map's blocks. Neither TRL nor verl is imported: the online driver can of
 plus max_grad_norm). The TRL script trains a tiny causal LM built from a config, with a character
 tokenizer built locally (nothing is downloaded), on the lab's task (the prompt n, the answer n in
 binary then EOS) with the lab's verifier as its reward function; a comment says what to change to
-scale up. `python bridge.py e2e` runs such a script and recomputes TRL's loss with the lab's atoms.
+scale up. A run on another task (--task countdown) is refused by the TRL export: its script would hold
+the wrong dataset and verifier. The verl command names the task's data files. `python bridge.py e2e` runs such a script and recomputes TRL's loss with the lab's atoms.
 """
 
 from __future__ import annotations
@@ -49,9 +50,28 @@ def _comment_lines(block):
     return lines or ["#   (nothing: every setting of this run has its option there)"]
 
 
+REQUIRED = ("algorithm", "task", "prompts", "group_size", "max_new_tokens", "steps", "seed")
+
+
+def _check_settings(settings):
+    """ValueError naming `settings` unless it is the online driver's resolved settings (a dict)."""
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings: expected the online driver's resolved settings (a dict), got "
+                         f"{type(settings).__name__}")
+    missing = [key for key in REQUIRED if key not in settings]
+    if missing:
+        raise ValueError(f"settings: expected the online driver's resolved settings; missing {', '.join(missing)}")
+
+
 def export_trl(settings):
     """The text of a runnable TRL script for these settings; raises ValueError where TRL has no trainer
-    for the algorithm (PPO: none in TRL 1.16) or the export does not cover it (DPO)."""
+    for the algorithm (PPO: none in TRL 1.16), the export does not cover it (DPO) or the task is not the
+    binary one (the script holds that task's dataset and verifier), and for settings that are not a
+    resolved settings dict."""
+    _check_settings(settings)
+    if settings["task"] != "binary":
+        raise ValueError(f"task: the TRL script holds the binary task's dataset and verifier; --task "
+                         f"{settings['task']} is not exported (export a --task binary run, then replace them)")
     block = library_blocks(settings)["trl"]
     if block["options"] is None:
         raise ValueError(f"algorithm: {block['reason']}")
@@ -210,7 +230,9 @@ VERL_LAUNCH = {
 
 def export_verl(settings):
     """The verl 0.9 launch command (python3 -m verl.trainer.main_ppo with Hydra overrides) for these
-    settings, with comments for what verl cannot do of them; for DPO, a comment saying why there is none."""
+    settings, with comments for what verl cannot do of them; for DPO, a comment saying why there is none.
+    Raises ValueError for settings that are not a resolved settings dict."""
+    _check_settings(settings)
     block = library_blocks(settings)["verl"]
     header = [f"# verl 0.9.1 launch of the lab's `python online_tokens.py {_flags(settings)}`"]
     if block["options"] is None:
@@ -220,7 +242,9 @@ def export_verl(settings):
                "# the lab's tiny policy has no verl equivalent; the batch sizes are the lab's B prompts, and",
                "# its learning rate moves a table of logits: set your model's (actor_rollout_ref.actor.optim.lr)."]
     batch = settings["prompts"]
-    overrides = {**VERL_LAUNCH, "data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": batch,
+    data = {"data.train_files": f"$HOME/data/{settings['task']}/train.parquet",
+            "data.val_files": f"$HOME/data/{settings['task']}/test.parquet"}
+    overrides = {**VERL_LAUNCH, **data, "data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": batch,
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": batch * settings["group_size"],
                  **block["options"]}
     lines = ["python3 -m verl.trainer.main_ppo \\"]

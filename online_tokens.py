@@ -610,8 +610,8 @@ def build_parser():
     add_arguments(parser, [with_algorithms(item) for item in SETTINGS if item.name != "algorithm"])
     parser.add_argument("--export", nargs=2, metavar=("LIBRARY", "FILE"), default=None,
                         help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
-                             "run's settings (the GRPO family); with verl, the verl 0.9.1 launch command with its "
-                             "overrides (see library_export.py; default: off, train)")
+                             "run's settings (the GRPO family, the binary task); with verl, the verl 0.9.1 launch command "
+                             "with its overrides (see library_export.py; default: off, train)")
     parser.add_argument("--output", default=None,
                         help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
                              "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
@@ -700,6 +700,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     algorithm, options = options_from(parser, args)
     if args.export is not None:
+        if args.output is not None:  # an export trains nothing, so it would write nothing there
+            parser.error("argument --output: not with --export, which writes only its FILE and trains nothing")
         return export(parser, algorithm, options, *args.export)
     output = default_output(algorithm, options) if args.output is None else args.output
     names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)

@@ -15,6 +15,7 @@ import unittest
 
 import torch
 
+import library_export
 import online_tokens
 import sft
 from countdown import CountdownTask
@@ -341,7 +342,17 @@ class OnlineCLI(unittest.TestCase):
         code, stdout, stderr = run_main(online_tokens.main, ["--algorithm", "ppo", "--export", "trl", script + "2"])
         self.assertEqual((code, stdout), (2, ""))  # TRL 1.16 has no PPO trainer
         self.assertIn("--export", stderr)
+        code, stdout, stderr = run_main(online_tokens.main, ["--policy", "transformer", "--export", "trl", script + "3"])
+        self.assertEqual((code, stdout), (2, ""))  # the script holds the binary task's data and verifier only
+        self.assertIn("argument --export: task: the TRL script holds the binary task's dataset", stderr)
+        code, stdout, stderr = run_main(online_tokens.main, ["--export", "trl", script + "4", "--output", "x"])
+        self.assertEqual((code, stdout), (2, ""))
+        self.assertIn("argument --output: not with --export", stderr)
         self.assertEqual(sorted(os.listdir(self.tmp.name)), ["run.py", "run.sh"])
+        with self.assertRaisesRegex(ValueError, "^settings: .* missing algorithm"):
+            library_export.export_trl({})
+        with self.assertRaisesRegex(ValueError, "^settings: .* got NoneType"):
+            library_export.export_verl(None)
 
     def test_all_writes_four_folders_and_a_comparison_byte_identically(self):
         out = os.path.join(self.tmp.name, "four")
