@@ -188,7 +188,7 @@ def prompt_batch(task, prompts):
     at the same position for every row; position ids come from the mask (tiny_lm), so padding changes
     no log-prob.
     """
-    tokens = task.prompt_tokens(prompts)
+    tokens = task.prompt_tokens(_prompt_list(_check_task(task), "prompts", prompts))
     width = max(len(row) for row in tokens)
     ids = torch.tensor([[task.pad_id] * (width - len(row)) + row for row in tokens], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in tokens], dtype=torch.long)
@@ -203,7 +203,10 @@ def pair_batch(task, prompts, responses):
     is 1 on the prompt and the response; completion_mask is 1 on the response only: the tokens that are
     scored (the loss mask), never the prompt, never padding.
     """
-    responses = [list(response) for response in responses]
+    if not isinstance(responses, (list, tuple)) or not all(isinstance(response, (list, tuple)) for response in responses):
+        raise ValueError("responses: expected a list of token-id lists")
+    responses = [[check_int("responses", token, low=0, high=len(_check_task(task).vocab) - 1) for token in response]
+                 for response in responses]
     if len(responses) != len(prompts):
         raise ValueError(f"responses: expected {len(prompts)} like prompts, got {len(responses)}")
     if not all(responses):
@@ -244,7 +247,7 @@ def completion_loss(model, input_ids, attention_mask, completion_mask):
 
 
 @torch.no_grad()
-def dataset_loss(model, input_ids, attention_mask, completion_mask, batch_rows=DEFAULT_BATCH_ROWS):
+def _dataset_loss(model, input_ids, attention_mask, completion_mask, batch_rows=DEFAULT_BATCH_ROWS):
     """`completion_loss` over a whole set of sequences (a float, nats per completion token), in chunks of
     batch_rows sequences, summed in float64."""
     total, count = 0.0, 0
@@ -263,7 +266,10 @@ def dataset_loss(model, input_ids, attention_mask, completion_mask, batch_rows=D
 
 def learning_rate_at(step, config):
     """The learning rate of Adam step `step` (1-based): linear warm-up over warmup_steps, then cosine decay
-    from learning_rate to min_lr_ratio * learning_rate at the last step (the schedule of GPT-3 and nanoGPT)."""
+    from learning_rate to min_lr_ratio * learning_rate at the last step (the schedule of GPT-3 and nanoGPT).
+    Raises ValueError naming `config` (not an SFTConfig) or `step` (not an int in [1, config.steps])."""
+    _check_config(config)
+    check_int("step", step, low=1, high=max(config.steps, 1))
     peak = config.learning_rate
     if step <= config.warmup_steps:
         return peak * step / config.warmup_steps
@@ -273,7 +279,7 @@ def learning_rate_at(step, config):
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def demonstration_summary(task, pairs):
+def _demonstration_summary(task, pairs):
     """Counts describing a demonstration set (all deterministic): correct and imperfect responses,
     distinct prompts and distinct (prompt, response) pairs, completion tokens."""
     correct = sum(response in set(task.solutions(prompt)) for prompt, response in pairs)
@@ -314,7 +320,7 @@ def train_sft(task, config, progress=None):
         model = TinyLM(model_config, generator=generator).to(DTYPE)
         input_ids, attention_mask, completion_mask = pair_batch(task, *zip(*pairs))  # (M, T) each
         fixed = slice(0, LOSS_ROWS)
-        initial_loss = dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
+        initial_loss = _dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
         # foreach: one kernel per operation over all parameters (the same numbers, a few ms less per step)
         optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=ADAM_BETAS, eps=ADAM_EPS,
                                      foreach=True)
@@ -345,7 +351,7 @@ def train_sft(task, config, progress=None):
                              f"grad_norm {curve[-1]['grad_norm']:.3f}  lr {curve[-1]['learning_rate']:.2e}  "
                              f"{time.perf_counter() - started:.1f} s")
         model.eval()
-        final_loss = dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
+        final_loss = _dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
     report = {
         "settings": dataclasses.asdict(config),
         "task": task.settings(),
@@ -353,7 +359,7 @@ def train_sft(task, config, progress=None):
                   "dtype": str(DTYPE).replace("torch.", "")},
         "optimizer": {"name": "Adam", "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "grad_clip": config.grad_clip,
                       "schedule": "linear warm-up, then cosine decay to min_lr_ratio"},
-        "demonstrations": demonstration_summary(task, pairs),
+        "demonstrations": _demonstration_summary(task, pairs),
         "loss": {"unit": f"nats per completion token, over the first {min(LOSS_ROWS, len(pairs))} demonstrations",
                  "initial": initial_loss, "final": final_loss},
         "curve": curve,
@@ -376,7 +382,7 @@ def _sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def key_inputs(task, config):
+def _key_inputs(task, config):
     """Everything an SFT model depends on, JSON-ready: the cache format, the task's settings (its config
     and what it derives), the SFT settings, the model's config, the optimizer's constants, torch's version."""
     return {"format": CACHE_FORMAT, "task": task.settings(), "sft": dataclasses.asdict(config),
@@ -386,16 +392,23 @@ def key_inputs(task, config):
 
 
 def cache_key(task, config):
-    """The first KEY_LENGTH hex digits of the SHA-256 of canonical_json(key_inputs(task, config))."""
-    return _sha256(canonical_json(key_inputs(_check_task(task), _check_config(config))).encode())[:KEY_LENGTH]
+    """The first KEY_LENGTH hex digits of the SHA-256 of canonical_json(_key_inputs(task, config))."""
+    return _sha256(canonical_json(_key_inputs(_check_task(task), _check_config(config))).encode())[:KEY_LENGTH]
 
 
 def cache_folder_of(task, config, cache_folder):
-    """The folder `<cache_folder>/sft-<key>` that holds (or will hold) this setting's SFT model."""
-    return os.path.join(cache_folder, SFT_PREFIX + cache_key(task, config))
+    """The folder `<cache_folder>/sft-<key>` that holds (or will hold) this setting's SFT model. Raises
+    ValueError naming the argument."""
+    return os.path.join(_check_folder("cache_folder", cache_folder), SFT_PREFIX + cache_key(task, config))
 
 
-def cache_files(task, config, model, report):
+def _check_folder(name, folder):
+    if not isinstance(folder, str) or not folder.strip() or "\0" in folder:
+        raise ValueError(f"{name}: expected a folder name (a non-empty string without NUL), got {folder!r}")
+    return folder
+
+
+def _cache_files(task, config, model, report):
     """{file name: bytes or text} of a cache folder: model.pt (torch.save of the state_dict), report.json,
     and config.json (the key, its inputs, the model's config, and the SHA-256 of the other two files,
     which is how a corrupt or partial folder is recognized)."""
@@ -407,7 +420,7 @@ def cache_files(task, config, model, report):
         "key": cache_key(task, config),
         "model_config": dataclasses.asdict(model.config),
         "sha256": {MODEL_FILE: _sha256(model_bytes), REPORT_FILE: _sha256(report_text.encode())},
-        "key_inputs": key_inputs(task, config),
+        "key_inputs": _key_inputs(task, config),
     }
     return {MODEL_FILE: model_bytes, REPORT_FILE: report_text, CONFIG_FILE: json_text(config_json)}
 
@@ -434,14 +447,16 @@ def load_cached(task, config, folder):
     Usable means: config.json parses, its key and key inputs are this setting's, model.pt and report.json
     have the SHA-256 it records, and the state_dict loads into the recorded config with every tensor
     finite. Anything else is a reason (a missing file, a truncated or altered one, another torch
-    version), never an exception: the caller retrains.
+    version), never an exception: the caller retrains. Raises ValueError naming a bad argument.
     """
-    if not os.path.isdir(folder):
+    _check_task(task)
+    _check_config(config)
+    if not os.path.isdir(_check_folder("folder", folder)):
         return None, None, "no cache folder"
     try:
         recorded = json.loads(_read(folder, CONFIG_FILE).decode("utf-8"))
         if recorded.get("key") != cache_key(task, config) or (
-                canonical_json(recorded.get("key_inputs")) != canonical_json(key_inputs(task, config))):
+                canonical_json(recorded.get("key_inputs")) != canonical_json(_key_inputs(task, config))):
             return None, None, f"{CONFIG_FILE} was written for other settings"
         model_bytes, report_bytes = _read(folder, MODEL_FILE), _read(folder, REPORT_FILE)
         for name, data in ((MODEL_FILE, model_bytes), (REPORT_FILE, report_bytes)):
@@ -475,8 +490,7 @@ def load_or_train(task, config, cache_folder, progress=None, write=True):
     """
     _check_task(task)
     _check_config(config)
-    if not isinstance(cache_folder, str) or not cache_folder.strip():
-        raise ValueError(f"cache_folder: expected a folder name, got {cache_folder!r}")
+    _check_folder("cache_folder", cache_folder)
     folder = cache_folder_of(task, config, cache_folder)
     model, report, reason = load_cached(task, config, folder)
     files = {}
@@ -487,7 +501,7 @@ def load_or_train(task, config, cache_folder, progress=None, write=True):
         if progress is not None:
             progress(f"sft: training into {folder} ({reason})")
         model, report = train_sft(task, config, progress)
-        files = {os.path.join(folder, name): data for name, data in cache_files(task, config, model, report).items()}
+        files = {os.path.join(folder, name): data for name, data in _cache_files(task, config, model, report).items()}
     if not write:
         return model, report, folder, files
     if files:
@@ -685,7 +699,12 @@ def config_from(parser, args):
 
 
 def table_text(evaluations):
-    """The evaluation as a small text table: one row per metric, one column per split."""
+    """The evaluation as a small text table: one row per metric, one column per split. evaluations:
+    {split: the dict `sample_evaluation` returns}; ValueError naming it when it is empty or not that."""
+    if not isinstance(evaluations, dict) or not evaluations or not all(
+            isinstance(value, dict) and "pass@1_by_difficulty" in value and "prompts" in value
+            for value in evaluations.values()):
+        raise ValueError("evaluations: expected {split: sample_evaluation(...)} with at least one split")
     splits = list(evaluations)
     lines = [f"{'':28s}" + "".join(f"{split:>10s}" for split in splits)]
     rows = list(TABLE_ROWS) + [f"pass@1 difficulty {level}" for level in evaluations[splits[0]]["pass@1_by_difficulty"]]

@@ -72,6 +72,28 @@ class FixedLogits(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
+class HelperArguments(unittest.TestCase):
+    def test_each_public_helper_names_the_argument_it_cannot_use(self):
+        task, config = CountdownTask(), sft.SFTConfig()
+        cases = [
+            ("prompts", sft.prompt_batch, (task, [])),
+            ("responses", sft.pair_batch, (task, [0], [[len(task.vocab)]])),  # one past the vocabulary
+            ("responses", sft.pair_batch, (task, [0], ["ab"])),
+            ("step", sft.learning_rate_at, (0, config)),
+            ("step", sft.learning_rate_at, (config.steps + 1, config)),
+            ("config", sft.learning_rate_at, (1, None)),
+            ("cache_folder", sft.load_or_train, (task, config, "a\0b")),
+            ("cache_folder", sft.cache_folder_of, (task, config, None)),
+            ("folder", sft.load_cached, (task, config, None)),
+            ("evaluations", sft.table_text, ({},)),
+        ]
+        for name, function, arguments in cases:
+            with self.subTest(function=function.__name__, name=name):
+                with self.assertRaisesRegex(ValueError, f"^{name}: expected"):
+                    function(*arguments)
+        self.assertEqual(sft.learning_rate_at(config.steps, config), config.min_lr_ratio * config.learning_rate)
+
+
 class Settings(unittest.TestCase):
     def test_json_round_trip_and_the_model_config_from_the_task(self):
         config = sft.SFTConfig()
