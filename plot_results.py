@@ -1438,6 +1438,9 @@ def main(argv=None):
     problem = output_problem(args.output)
     if problem is not None:
         parser.error(f"argument --output: {problem}")
+    for path in args.input:  # a path that is not there is a wrong flag; what a file holds is checked when read
+        if not os.path.lexists(path):
+            parser.error(f"argument --input: {path}: no such file or folder")
     try:
         kind = render(args.input, args.output)
     except PlotInputError as error:

@@ -110,6 +110,8 @@ PROGRAMS = {
     "plot_results.py": Program(plot_results.main, plot_results.build_parser,
                                ["--input", PLOT_INPUT, "--output", "{out}"], "file", [
         ("--output", ["--input", PLOT_INPUT, "--output", "figure.gif"]),
+        ("--input", ["--input", os.path.join(PLOT_INPUT, "no-such-file.csv"), "--output",
+                     os.path.join(tempfile.gettempdir(), "rl-lab-never-written.svg")]),
     ]),
     "sft.py": Program(sft.main, sft.build_parser, None, "folder", [("--steps", ["--steps", "-1"])], writes=False),
     "bench.py": Program(bench.main, bench.build_parser, None, "none", [

@@ -147,7 +147,7 @@ class Plotter(unittest.TestCase):
         with open(self.path("broken.json"), "w") as handle:
             handle.write("{not json")
         cases = [
-            (self.path("missing"), 1, "no such file or folder"),
+            (self.path("missing"), 2, "argument --input: "),  # a path that is not there: a wrong flag
             (self.path("empty"), 1, "no data rows"),
             (self.path("nan"), 1, "not finite"),
             (self.path("steps"), 1, "does not increase"),
@@ -192,7 +192,7 @@ class Plotter(unittest.TestCase):
             (["--input", self.path("big")], 1, "cannot be drawn"),
             (["--input", self.path("huge.json")], 1, "not a finite number"),
             (["--input", self.path("deep.json")], 1, "not valid JSON"),
-            (["--input", "a\nb"], 1, "no such file"),
+            (["--input", "a\nb"], 2, "no such file"),
         ]
         out = self.path("never", "made", "f.svg")
         for argv, status, text in cases:
