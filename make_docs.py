@@ -42,6 +42,7 @@ import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import stat  # noqa: E402
 import sys  # noqa: E402
 
 from lab_io import OneLineErrorParser, input_file_problem, run_cli, write_files  # noqa: E402
@@ -843,6 +844,8 @@ def first_difference(pages, root=HERE):
     render order) and line that differs, or the page that is missing or no longer rendered."""
     for path, text in pages.items():
         target = os.path.join(root, path)
+        if os.path.lexists(target) and not _regular(target):
+            return f"{path} is not a regular file (a link, folder or device): remove it, then run python make_docs.py"
         if not os.path.isfile(target):
             return f"{path} is missing: run python make_docs.py"
         committed = read_text(root, path).split("\n")
@@ -862,9 +865,19 @@ def first_difference(pages, root=HERE):
     return None
 
 
+def _regular(path):
+    return stat.S_ISREG(os.lstat(path).st_mode)
+
+
 def write_pages(pages, root=HERE):
     """Write every page that changed (all or nothing) and remove the pages no longer rendered; return
-    (written, removed) lists of relative paths."""
+    (written, removed) lists of relative paths. A page that is a link, a folder or a device (rendered or
+    not) is never replaced nor removed: RenderError naming it, and nothing is written."""
+    for path in list(pages) + committed_pages(root):
+        target = os.path.join(root, path)
+        if os.path.lexists(target) and not _regular(target):
+            raise RenderError(f"{path} is not a regular file (a link, folder or device): it is never replaced "
+                              "nor removed; remove it yourself")
     changed = {os.path.join(root, path): text for path, text in pages.items()
                if not os.path.isfile(os.path.join(root, path)) or read_text(root, path) != text}
     write_files(changed)
@@ -907,7 +920,11 @@ def main(argv=None, root=HERE):
             return 1
         print(f"make_docs.py: all {len(pages)} pages are what the templates and committed results render")
         return 0
-    written, removed = write_pages(pages, root)
+    try:
+        written, removed = write_pages(pages, root)
+    except RenderError as error:
+        print(f"make_docs.py: error: {error}", file=sys.stderr)
+        return 1
     for path in written:
         print(f"wrote {path}")
     for path in removed:

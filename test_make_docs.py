@@ -150,6 +150,20 @@ class CommittedPages(unittest.TestCase):
             with self.assertRaisesRegex(make_docs.RenderError, r"^results/ppo\.json: not a regular file$"):
                 make_docs.render_all(root)
 
+    def test_a_page_that_is_a_link_or_a_folder_is_never_replaced_nor_removed(self):
+        with copy_of_the_lab() as root:
+            os.remove(os.path.join(root, "docs", "chain.md"))
+            os.mkdir(os.path.join(root, "docs", "chain.md"))  # a rendered page's place taken by a folder
+            os.symlink(os.devnull, os.path.join(root, "docs", "extra.md"))  # an unrendered page that is a link
+            code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), ["--check"])
+            self.assertEqual((code, stdout), (1, ""))
+            self.assertIn("docs/chain.md is not a regular file", stderr)
+            code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), [])
+            self.assertEqual((code, stdout), (1, ""))
+            self.assertIn("is not a regular file (a link, folder or device): it is never replaced nor removed", stderr)
+            self.assertTrue(os.path.isdir(os.path.join(root, "docs", "chain.md")))
+            self.assertTrue(os.path.islink(os.path.join(root, "docs", "extra.md")))
+
     def test_a_template_error_names_the_template_line_and_placeholder(self):
         with self.assertRaisesRegex(make_docs.RenderError, r"^t\.md line 2: \{\{nothing\.here:\.4f\}\}: NameError"):
             make_docs.render("fine\n{{nothing.here:.4f}}", {}, "t.md")
