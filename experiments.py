@@ -3,9 +3,10 @@ seeds, its claims checked against every seed, written as tables, verdicts and a 
 
     python experiments.py --list                      # the experiments, one line each
     python experiments.py kl-estimators               # one experiment -> results-experiments/kl-estimators/
-    python experiments.py all                         # every experiment (a few minutes on 2 cores)
+    python experiments.py all                         # every experiment (docs/atlas.md: how long it takes)
     python experiments.py all --seed-start 100        # the same claims on seeds nobody looked at
     python experiments.py zero-variance --seeds 10 --jobs 2 --quick
+    python experiments.py all --timings results-bench/atlas.json   # also each experiment's run time
 
 Each experiment runs the drivers' Python APIs in this process's workers (no shelling out) over seeds
 S..S+N-1 (--seed-start S, default 0; --seeds N, default the experiment's own, 5 for most) and writes

@@ -7,7 +7,7 @@
 No measured number is typed into a page: a template (docs/templates/) holds the prose and placeholders,
 and every number, table and flag list is rendered from the committed results (results/, results-chain/,
 results-tokens.json, results-online-*/, results-experiments/, results-bridge/conformance.md, the timings
-of results-bench/transformer.json with the machine they were measured on) or from the
+of results-bench/*.json with the machine they were measured on) or from the
 code itself (each program's argparse parser, the atoms' docstrings, library_map's table, the test files).
 
 A placeholder is `{{ EXPRESSION }}` or `{{ EXPRESSION:FORMAT }}`, on one line: a Python f-string
@@ -69,6 +69,7 @@ ONLINE_RUNS = {"grpo": "results-online-grpo-sequence", "cispo": "results-online-
 ATLAS = "results-experiments"
 CONFORMANCE = os.path.join("results-bridge", "conformance.md")
 BENCH = os.path.join("results-bench", "transformer.json")  # python bench.py --part transformer --output BENCH
+ATLAS_TIMINGS = os.path.join("results-bench", "atlas.json")  # python experiments.py all --timings ATLAS_TIMINGS
 ARXIV = re.compile(r"arXiv[ :]*([0-9]{4}\.[0-9]{4,5})")
 # What each cited arXiv id is. An id cited in the code but missing here is listed without a title.
 ARXIV_TITLES = {
@@ -682,6 +683,7 @@ def namespace(root):
         "atlas_rows": lambda name: Data({row.configuration: row
                                          for row in read_csv(root, os.path.join(ATLAS, name, "summary.csv"))}),
         "bench": read_json(root, BENCH),
+        "atlas_timings": read_json(root, ATLAS_TIMINGS),
         "conformance": section_reader(CONFORMANCE),
         "json": json, "pins": lambda filename, *packages: pins(root, filename, *packages),
         "online_default": lambda name: online_settings.BY_NAME[name].default,
