@@ -424,15 +424,18 @@ class ConcurrentRuns(unittest.TestCase):
         self.assertEqual(contents(self.tmp.name), {"run/ppo.csv": "second\n", "run/ppo.json": "second\n"})
 
 
+class FullStream(io.RawIOBase):
+    """A standard output on a full disk: every write fails with ENOSPC."""
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 class OneLineForEveryFailure(unittest.TestCase):
     def test_a_full_stdout_is_one_line_and_status_1(self):
-        class FullStream(io.RawIOBase):
-            def writable(self):
-                return True
-
-            def write(self, data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
         def main(argv):
             print("a summary line")
             return 0
@@ -446,13 +449,6 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
 
     def test_progress_into_a_full_stdout_lets_the_run_finish_then_says_so_with_status_1(self):
-        class FullStream(io.RawIOBase):
-            def writable(self):
-                return True
-
-            def write(self, data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
         written = []
 
         def main(argv):
@@ -492,13 +488,6 @@ class OneLineForEveryFailure(unittest.TestCase):
         self.assertIn("cannot write to standard output: No space left on device", finished.stderr)
 
     def test_help_into_a_full_stdout_is_one_line_and_status_1_in_every_program(self):
-        class FullStream(io.RawIOBase):
-            def writable(self):
-                return True
-
-            def write(self, data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
         for module in (rl_lab, ppo_chain, token_objectives, online_tokens, experiments, plot_results, bench):
             with self.subTest(program=module.__name__):
                 full = io.TextIOWrapper(io.BufferedWriter(FullStream()), encoding="utf-8")

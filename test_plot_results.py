@@ -227,27 +227,31 @@ class Plotter(unittest.TestCase):
         self.assertTrue(os.path.exists(self.path("chain.svg")))
 
     def test_a_garbled_experiment_folder_is_one_line_naming_the_file(self):
-        import shutil
-
         source = os.path.join(HERE, "results-experiments", "kl-estimators")
         cases = [("summary.csv", "configuration,seeds\n", "no data rows"),
                  ("settings.json", '{"experiment": "x", "metrics": ["nope"]}', "nope_mean is missing"),
                  ("settings.json", '{"experiment": "x", "figure": 5}', "'figure' must be an object")]
         for name, text, expected in cases:
             with self.subTest(file=name, expected=expected):
-                folder = self.path(f"garbled-{len(expected)}")
-                shutil.copytree(source, folder)
-                with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("g.svg")])
-                self.assertEqual(code, 1)
-                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                stderr = self.plot_with_one_file_replaced(source, name, text, f"garbled-{len(expected)}")
                 self.assertIn(expected, stderr)
                 self.assertIn(name if name != "settings.json" or "nope" not in text else "summary.csv", stderr)
 
-    def test_a_malformed_settings_or_a_non_number_in_curves_is_one_line_naming_the_file(self):
+    def plot_with_one_file_replaced(self, source, name, text, folder_name):
+        """Copy an experiment folder, replace one of its files with `text`, plot it: the one line of stderr
+        (after checking the status 1 and that it is one line)."""
         import shutil
 
+        folder = self.path(folder_name)
+        shutil.copytree(source, folder)
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+            handle.write(text)
+        code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("m.svg")])
+        self.assertEqual(code, 1)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        return stderr
+
+    def test_a_malformed_settings_or_a_non_number_in_curves_is_one_line_naming_the_file(self):
         source = os.path.join(HERE, "results-experiments", "zero-variance")
         with open(os.path.join(source, "settings.json"), encoding="utf-8") as handle:
             settings = json.load(handle)
@@ -279,13 +283,7 @@ class Plotter(unittest.TestCase):
         ]
         for index, (name, text, expected) in enumerate(cases):
             with self.subTest(file=name, expected=expected):
-                folder = self.path(f"malformed-{index}")
-                shutil.copytree(source, folder)
-                with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", self.path("m.svg")])
-                self.assertEqual(code, 1)
-                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                stderr = self.plot_with_one_file_replaced(source, name, text, f"malformed-{index}")
                 self.assertIn(f"{name}: {expected}" if name == "settings.json" else expected, stderr)
                 self.assertIn(name, stderr)
                 self.assertFalse(os.path.exists(self.path("m.svg")))
