@@ -21,8 +21,9 @@ replacement field evaluated against the names of `namespace(root)`, e.g.
 JSON objects and CSV rows read as attributes (`.final`) or items (`["pass@1"]`); CSV cells that hold a
 number are numbers. The pages, in order: README.txt (docs/templates/README.txt); docs/NAME.md for each
 docs/templates/NAME.md; docs/algorithms/NAME.md for each docs/templates/algorithms/NAME.md, whose
-sections fill the one skeleton docs/templates/_algorithm.md; docs/atlas/NAME.md for each folder of
-results-experiments/, from docs/templates/_experiment.md. docs/ holds only rendered pages: a page is
+sections fill the one skeleton docs/templates/_algorithm.md; docs/learn/NAME.md (the course) for each
+docs/templates/learn/NAME.md, with the chapter reports of results-course/ as `course["NN-name"]`;
+docs/atlas/NAME.md for each folder of results-experiments/, from docs/templates/_experiment.md. docs/ holds only rendered pages: a page is
 added as a template, and a rendered page whose template or folder is gone is removed by the next write.
 """
 
@@ -67,6 +68,7 @@ BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 ONLINE_RUNS = {"grpo": "results-online-grpo-sequence", "cispo": "results-online-cispo-sequence",
                "transformer": "results-online-transformer-grpo-sequence"}
 ATLAS = "results-experiments"
+COURSE = "results-course"  # python course.py: one <chapter>.json per chapter of docs/learn/
 CONFORMANCE = os.path.join("results-bridge", "conformance.md")
 BENCH = os.path.join("results-bench", "transformer.json")  # python bench.py --part transformer --output BENCH
 ATLAS_TIMINGS = os.path.join("results-bench", "atlas.json")  # python experiments.py all --timings ATLAS_TIMINGS
@@ -169,6 +171,12 @@ def read_text(root, relative):
             return handle.read()
         except ValueError as error:
             raise RenderError(f"{relative}: not UTF-8 text ({error})") from None
+
+
+def course_reports(root):
+    """The chapter reports of results-course/ (file names), in the course's order."""
+    folder = os.path.join(root, COURSE)
+    return sorted(name for name in os.listdir(folder) if name.endswith(".json")) if os.path.isdir(folder) else []
 
 
 def experiment_folders(root):
@@ -682,6 +690,8 @@ def namespace(root):
         "atlas": Data({name: Experiment(root, name) for name in experiment_folders(root)}),
         "atlas_rows": lambda name: Data({row.configuration: row
                                          for row in read_csv(root, os.path.join(ATLAS, name, "summary.csv"))}),
+        "course": Data({os.path.splitext(name)[0]: read_json(root, os.path.join(COURSE, name))
+                        for name in course_reports(root)}),
         "bench": read_json(root, BENCH),
         "atlas_timings": read_json(root, ATLAS_TIMINGS),
         "conformance": section_reader(CONFORMANCE),
@@ -821,6 +831,12 @@ def render_all(root=HERE):
         local = dict(names, section=lambda name, parts=parts, where=where: render(parts[name], names, where))
         page = f"docs/algorithms/{filename}"
         pages[page] = _finish(render(skeleton, local, f"{skeleton_path} for {where}"), page)
+    learn = os.path.join(templates, "learn")  # the course: docs/learn/NAME.md for each learn/NAME.md
+    for filename in sorted(os.listdir(learn)) if os.path.isdir(learn) else []:
+        if filename.endswith(".md"):
+            where = os.path.join(TEMPLATES, "learn", filename)
+            page = f"docs/learn/{filename}"
+            pages[page] = _finish(render(read_text(root, where), names, where), page)
     experiment_path = os.path.join(TEMPLATES, "_experiment.md")
     experiment_template = read_text(root, experiment_path)
     for name in experiment_folders(root):
