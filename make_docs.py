@@ -23,8 +23,9 @@ number are numbers. The pages, in order: README.txt (docs/templates/README.txt);
 docs/templates/NAME.md; docs/algorithms/NAME.md for each docs/templates/algorithms/NAME.md, whose
 sections fill the one skeleton docs/templates/_algorithm.md; docs/learn/NAME.md (the course) for each
 docs/templates/learn/NAME.md, with the chapter reports of results-course/ as `course["NN-name"]`;
-docs/atlas/NAME.md for each folder of results-experiments/, from docs/templates/_experiment.md. docs/ holds only rendered pages: a page is
-added as a template, and a rendered page whose template or folder is gone is removed by the next write.
+docs/atlas/NAME.md for each folder of results-experiments/, from docs/templates/_experiment.md. docs/
+holds only rendered pages: a page is added as a template, and a rendered page whose template or folder
+is gone is removed by the next write.
 """
 
 from __future__ import annotations
