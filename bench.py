@@ -3,6 +3,7 @@
     python bench.py                 # 3 runs of each figure, medians, with the machine named
     python bench.py --runs 7        # more runs on a noisy machine
     python bench.py --part transformer --output results-bench/transformer.json   # what docs/ quotes
+    python bench.py --part suite --runs 1 --output results-bench/suite.json      # the test suite, as README quotes
 
 It prints, per driver: the wall time of the whole default command in a fresh
 process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which
@@ -223,7 +224,15 @@ def transformer_lines(runs):
     return lines, figures
 
 
-PARTS = ("all", "drivers", "transformer")
+PARTS = ("all", "drivers", "transformer", "suite")
+
+
+def suite_lines(runs):
+    """(lines, figures) of the test suite: `python -m unittest` in this folder, as .ci/run runs it,
+    in a fresh process; figures {"seconds", "min_seconds"}."""
+    median, least = timed_process(["-m", "unittest", "--quiet"], runs, HERE)
+    return [f"test suite (python -m unittest): {median:.0f} s [{least:.0f}]"], \
+        {"seconds": round(median, 1), "min_seconds": round(least, 1)}
 
 
 def build_parser():
@@ -233,7 +242,8 @@ def build_parser():
                         help="runs of each figure, integer in [1, 50]; the median is shown (default: 3)")
     parser.add_argument("--part", choices=PARTS, default="all",
                         help="what to time: the drivers (whole process, loop, tokens/s), the transformer "
-                             "(tiny_lm sampling and scoring, SFT, one RL run), or all (default: all)")
+                             "(tiny_lm sampling and scoring, SFT, one RL run), the test suite (python -m "
+                             "unittest), or all (default: all)")
     parser.add_argument("--output", default=None,
                         help="also write the figures, the printed lines and the machine to this JSON file "
                              "(default: off, print only)")
@@ -276,6 +286,9 @@ def main(argv=None):
         sampling_lines, report["tiny_lm"] = tiny_lm_lines(args.runs)
         run_lines, report["transformer"] = transformer_lines(args.runs)
         lines += ["", *sampling_lines, "", *run_lines]
+    if args.part in ("all", "suite"):
+        suite, report["suite"] = suite_lines(args.runs)
+        lines += ["", *suite]
     print("\n".join(lines))
     if args.output is not None:
         report["lines"] = lines
