@@ -386,6 +386,7 @@ def chapter_04():
         "first_pass_max_abs_difference": {name: (first[name] - first["reinforce"]).abs().max() for name in methods},
         "first_pass_gradient_norm": first["reinforce"].norm(),
         "step_size": STEP_SIZE_04,
+        "second_pass_ratios": ratio.where(kept, torch.zeros(())),  # 0 on padding
         "second_pass_ratio_min": ratio[kept].min(), "second_pass_ratio_max": ratio[kept].max(),
         "second_pass_clip_fraction": rl_lab.clip_fraction(ratio[kept], expanded[kept]),
         "second_pass_max_abs_difference": {name: (second[name] - second["reinforce"]).abs().max() for name in methods},
