@@ -149,8 +149,8 @@ class Chapter03BaselinesAndGae(unittest.TestCase):
 
         variances = self.report["variance"]
         self.assertAlmostEqual(variances["no_baseline"], variance(rewards), places=10)
-        self.assertAlmostEqual(variances["baseline"], variance([[r - m for r in row] for row, m in zip(rewards, means)]),
-                               places=10)
+        centred = [[r - m for r in row] for row, m in zip(rewards, means)]
+        self.assertAlmostEqual(variances["baseline"], variance(centred), places=10)
         self.assertAlmostEqual(variances["shift_5_no_baseline"], variance([[r + 5 for r in row] for row in rewards]),
                                places=10)
         self.assertAlmostEqual(variances["shift_5_baseline"], variances["baseline"], places=10)
