@@ -360,17 +360,16 @@ def chapter_04():
     p_sampler = torch.tensor(IS_SAMPLER_04, dtype=rl_lab.DTYPE)
     f = torch.tensor(IS_REWARDS_04, dtype=rl_lab.DTYPE)
     target = float((p_old * f).sum())
+    plain = (p_old.log() - p_sampler.log()).exp()  # (A,) the uncapped weights old / sampler
     corrections = {"caps": IS_CAPS_04, "tis": {"bias": [], "variance": []}, "mask": {"bias": [], "variance": []}}
     for cap in IS_CAPS_04:
         tis = rl_lab.truncated_importance_weights(p_old.log(), p_sampler.log(), cap=cap)
         # masking (no atom in rl_lab.py): a token whose weight exceeds the cap is dropped, the others keep theirs
-        plain = (p_old.log() - p_sampler.log()).exp()
         masked_weights = torch.where(plain > cap, torch.zeros_like(plain), plain)
         for name, weights in (("tis", tis), ("mask", masked_weights)):
             mean = float((p_sampler * weights * f).sum())
             corrections[name]["bias"].append(mean - target)
             corrections[name]["variance"].append(float((p_sampler * (weights * f) ** 2).sum()) - mean**2)
-    plain = (p_old.log() - p_sampler.log()).exp()
     uncorrected_mean = float((p_sampler * f).sum())
     importance = {
         "old": IS_OLD_04, "sampler": IS_SAMPLER_04, "rewards": IS_REWARDS_04,
