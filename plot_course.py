@@ -9,7 +9,7 @@ point.
 
 from __future__ import annotations
 
-from matplotlib.figure import Figure  # noqa: F401
+from matplotlib.figure import Figure
 
 from plot_results import figure_bytes
 
@@ -23,6 +23,262 @@ def svg_bytes(figure):
 # Chapters 1-5
 # ---------------------------------------------------------------------------------------------
 
+GREY = "0.75"
+
+
+def _figure(width, height, rows=1, columns=1, **kwargs):
+    figure = Figure(figsize=(width, height), layout="constrained")
+    return figure, figure.subplots(rows, columns, squeeze=False, **kwargs)
+
+
+def _legend_right(figure, axis, **kwargs):
+    """One legend outside the plotting area, on the right, off every curve."""
+    handles, labels = axis.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside right center", frameon=False, **kwargs)
+
+
+def draw_shift(report):
+    """Chapter 1: each logits row's softmax (left), the token it scores boxed; the per-token log-probs the
+    atom returns (right), grey where the mask hides the token."""
+    vocabulary, ids = report["vocabulary"], report["input_ids"]
+    probabilities = report["probabilities"][:-1]  # the last row scores nothing: there is no token T
+    valid, token_logps = report["valid"], report["token_logps"]
+    figure, axes = _figure(12.5, 4.6, 1, 2, width_ratios=[1.15, 1])
+    left, right = axes[0]
+    image = left.imshow(probabilities, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    for row, target in enumerate(report["targets"]):
+        color = "tab:orange" if valid[row] else "0.45"
+        left.add_patch(_box(target, row, color, "-" if valid[row] else ":"))
+        for column, value in enumerate(probabilities[row]):
+            left.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                      color="white" if value > 0.6 else "black")
+    left.set_xticks(range(len(vocabulary)), vocabulary)
+    left.set_yticks(range(len(probabilities)),
+                    [f"row {t}: after {vocabulary[ids[t]]}" for t in range(len(probabilities))])
+    left.set_xlabel("next token v")
+    left.set_ylabel("logits row t (the prefix ends at position t)")
+    left.set_title("softmax(logits[t]): row t scores token t+1 (boxed)", fontsize=10)
+    figure.colorbar(image, ax=left, label="probability p(v | tokens 0..t)", shrink=0.85)
+    positions = list(range(1, len(ids)))
+    labels = [f"{t}: {vocabulary[ids[t]]}" for t in positions]
+    colors = ["tab:orange" if keep else GREY for keep in valid]
+    right.bar(range(len(positions)), token_logps, color=colors)
+    for index, (value, keep) in enumerate(zip(token_logps, valid)):
+        right.text(index, value - 0.04 if keep else -0.04, f"{value:.3f}" if keep else "masked: 0",
+                   ha="center", va="top", fontsize=8)
+    right.set_xticks(range(len(positions)), labels, fontsize=8)
+    right.set_ylim(min(token_logps) - 0.35, 0.15)
+    right.axhline(0.0, color="black", linewidth=0.6)
+    right.set_xlabel("scored position t+1: its token (prompt, PAD: not scored)")
+    right.set_ylabel("log p(token) (nats)")
+    right.set_title(f"log-probs of the response: sum = {report['sequence_logp']:.3f} nats", fontsize=10)
+    figure.suptitle("The causal shift: logits row t scores token t+1; only response tokens (EOS kept) count")
+    return figure
+
+
+def _box(column, row, color, style):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((column - 0.5, row - 0.5), 1, 1, fill=False, edgecolor=color, linewidth=2.2, linestyle=style)
+
+
+def draw_sample_error(report):
+    """Chapter 2: the relative error of the sampled policy gradient against the sample size, log-log."""
+    sizes = report["sample_sizes"]
+    figure, axes = _figure(7.8, 4.6)
+    axis = axes[0][0]
+    axis.errorbar(sizes, report["relative_error_mean"], yerr=report["relative_error_std"], fmt="o", capsize=3,
+                  color="tab:blue", label=f"sampled REINFORCE estimate:\nmean and std over {report['repeats']} batches")
+    axis.plot(sizes, report["relative_error_rms_exact"], color="black", linestyle="--",
+              label="exact RMS error\nsqrt(variance / N) / |grad J|\n(a 1/sqrt(N) line)")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("samples per estimate N (context, action pairs)")
+    axis.set_ylabel("relative error |g_N - grad J| / |grad J|")
+    axis.set_title("The score-function estimate is unbiased; its error falls as 1/sqrt(N)", fontsize=11)
+    axis.grid(True, which="major", alpha=0.3)
+    _legend_right(figure, axis)
+    return figure
+
+
+def draw_variance(report):
+    """Chapter 3: the exact per-sample variance of the gradient estimate against a reward shift."""
+    shifts = report["variance_by_shift"]
+    figure, axes = _figure(7.8, 4.4)
+    axis = axes[0][0]
+    axis.plot(shifts["shifts"], shifts["no_baseline"], marker="o", color="tab:red", label="no baseline: R + c")
+    axis.plot(shifts["shifts"], shifts["baseline"], marker="s", color="tab:green",
+              label="baseline V(x): R + c - V(x) - c")
+    axis.set_yscale("log")
+    axis.set_xlabel("reward shift c added to every reward")
+    axis.set_ylabel("variance of one-sample gradient\n(trace of its covariance)")
+    axis.set_title("A shift grows the variance without a baseline; V(x) removes it", fontsize=11)
+    axis.grid(True, alpha=0.3)
+    _legend_right(figure, axis)
+    return figure
+
+
+def draw_gae_weights(report):
+    """Chapter 3: the weight (gamma * lambda)^k of TD error k in GAE's advantage at step 0."""
+    figure, axes = _figure(7.8, 4.4)
+    axis = axes[0][0]
+    for lam, marker in zip(report["gae_lambdas"], "osD^v"):
+        weights = report["gae_weights"][str(lam)]
+        axis.plot(range(len(weights)), weights, marker=marker, markersize=3.5, label=f"lambda = {lam}")
+    axis.set_xlabel("k: steps ahead of the TD error delta_k")
+    axis.set_ylabel("weight of delta_k in A_0")
+    axis.set_title(f"GAE weighs TD error k by (gamma * lambda)^k (gamma = {report['gae_gamma']})", fontsize=11)
+    axis.grid(True, alpha=0.3)
+    _legend_right(figure, axis)
+    return figure
+
+
+def draw_lambda(report):
+    """Chapter 3: exact bias and variance of the lambda-return on the three-step chain, for a right and a
+    zero critic."""
+    data = report["bias_variance"]
+    figure, axes = _figure(10.5, 4.0, 1, 2)
+    left, right = axes[0]
+    styles = {"right": ("tab:green", "o", "right critic V = true values"),
+              "zero": ("tab:red", "s", "wrong critic V = 0")}
+    for name, (color, marker, label) in styles.items():
+        left.plot(data["lambdas"], data[name]["bias"], color=color, marker=marker, label=label)
+    # the variance does not depend on the critic here (it only shifts every outcome): one line, said so
+    right.plot(data["lambdas"], data["zero"]["variance"], color="black", marker="D",
+               label="variance, either critic\n(the two are equal)")
+    left.set_xlabel("lambda")
+    left.set_ylabel("bias of the return estimate at step 0")
+    left.set_title("bias: only a wrong critic, shrinking to 0 at lambda = 1", fontsize=10)
+    right.set_xlabel("lambda")
+    right.set_ylabel("variance of the return estimate at step 0")
+    right.set_title("variance: grows with lambda, whatever the critic", fontsize=10)
+    for axis in (left, right):
+        axis.grid(True, alpha=0.3)
+    handles, labels = [], []
+    for axis in (left, right):
+        found = axis.get_legend_handles_labels()
+        handles, labels = handles + found[0], labels + found[1]
+    figure.legend(handles, labels, loc="outside right center", frameon=False)
+    figure.suptitle("Lambda trades the critic's bias against the sampled rewards' variance (3 steps, rewards 0 or 2)")
+    return figure
+
+
+def draw_corrections(report):
+    """Chapter 4: bias and standard deviation of the importance-weighted estimate against the cap."""
+    data = report["corrections"]
+    figure, axes = _figure(10.5, 4.0, 1, 2)
+    left, right = axes[0]
+    for name, color, marker, label in (("tis", "tab:blue", "o", "truncated weights min(w, cap)"),
+                                       ("mask", "tab:purple", "s", "masking: w = 0 where w > cap")):
+        left.plot(data["caps"], data[name]["bias"], color=color, marker=marker, label=label)
+        right.plot(data["caps"], [v**0.5 for v in data[name]["variance"]], color=color, marker=marker, label=label)
+    left.axhline(0.0, color="black", linewidth=0.6)
+    left.set_xlabel("cap on the importance weight")
+    left.set_ylabel("bias of the one-sample estimate")
+    left.set_title("the cost: a bias, 0 once the cap reaches the largest weight", fontsize=9)
+    right.set_xlabel("cap on the importance weight")
+    right.set_ylabel("standard deviation of one sample")
+    right.set_title("the gain: a smaller spread", fontsize=9)
+    for axis in (left, right):
+        axis.grid(True, alpha=0.3)
+    _legend_right(figure, right)
+    figure.suptitle(f"Correcting a sampler that under-weights a rare action (largest weight "
+                    f"{max(report['importance_sampling']['weights']):g})")
+    return figure
+
+
+METHOD_LABELS = {"ppo_clip": "PPO clip", "grpo": "GRPO", "cispo": "CISPO", "gspo": "GSPO", "sapo": "SAPO",
+                 "dual_clip": "dual-clip", "clip_higher": "clip-higher"}
+
+
+def draw_second_pass(report):
+    """Chapter 4: how far each loss's gradient is from REINFORCE's once the ratio is not 1."""
+    methods = report["methods"]
+    values = [report["second_pass_relative_difference"][name] for name in methods]
+    figure, axes = _figure(7.8, 4.0)
+    axis = axes[0][0]
+    bars = axis.bar([METHOD_LABELS[name] for name in methods], values, color="tab:blue")
+    for bar, value, name in zip(bars, values, methods):
+        text = f"{value:.3f}" + ("\n(its gradient is 0)" if report["second_pass_gradient_norm"][name] == 0 else "")
+        axis.text(bar.get_x() + bar.get_width() / 2, value + 0.02, text, ha="center", va="bottom")
+    axis.set_ylim(0.0, max(values) * 1.3)
+    axis.set_ylabel("|grad - grad REINFORCE| / |grad REINFORCE|")
+    axis.set_xlabel("loss (the same batch, per-sequence mean, no KL)")
+    axis.set_title("First pass: all equal REINFORCE exactly. Second pass (ratio != 1): they differ", fontsize=10)
+    return figure
+
+
+def draw_clip(report):
+    """Chapter 5: PPO's clipped objective against the ratio for A > 0 and A < 0 (PPO's Figure 1)."""
+    ratios, eps = report["ratios"], report["clip_epsilon"]
+    figure, axes = _figure(10.5, 4.0, 1, 2)
+    for axis, sign, title in ((axes[0][0], "positive", "A = +1"), (axes[0][1], "negative", "A = -1")):
+        data = report["objective"][sign]
+        axis.plot(ratios, data["unclipped"], color=GREY, linestyle="--", label="unclipped ratio * A")
+        axis.plot(ratios, data["ppo_clip"], color="tab:blue", linewidth=2.2, label="min(ratio * A, clip(ratio) * A)")
+        for edge in (1 - eps, 1 + eps):
+            axis.axvline(edge, color="0.4", linewidth=0.7, linestyle=":")
+        axis.axvline(1.0, color="tab:red", linewidth=0.8, label="ratio = 1 (first pass)")
+        axis.set_xlim(0.0, 2.0)
+        axis.set_ylim(-2.0, 2.0) if sign == "negative" else axis.set_ylim(0.0, 2.0)
+        axis.set_xlabel(f"ratio pi / pi_old (dotted: 1 - eps and 1 + eps, eps = {eps})")
+        axis.set_ylabel("objective per token (to maximize)")
+        axis.set_title(f"{title}: flat beyond 1 {'+' if sign == 'positive' else '-'} eps", fontsize=10)
+        axis.grid(True, alpha=0.3)
+    _legend_right(figure, axes[0][1])
+    figure.suptitle("PPO's clip: the objective stops paying once the ratio leaves [1 - eps, 1 + eps] in A's direction")
+    return figure
+
+
+def draw_gradient_weights(report):
+    """Chapter 5: each method's gradient weight (d objective / d logp over A) against the ratio."""
+    ratios = report["ratios"]
+    methods = ["ppo_clip", "clip_higher", "dual_clip", "cispo", "sapo"]
+    notes = {"ppo_clip": f"eps = {report['clip_epsilon']}", "clip_higher": f"eps_high = {report['epsilon_high']}",
+             "dual_clip": f"c = {report['dual_clip']:g}", "cispo": f"cap = {report['cispo_cap']:g}",
+             "sapo": f"tau = {report['sapo_tau_pos']:g} / {report['sapo_tau_neg']:g}"}
+    figure, axes = _figure(14.0, 5.4, 2, len(methods), sharex=True, sharey=True)
+    for row, (sign, label) in enumerate((("positive", "A > 0"), ("negative", "A < 0"))):
+        for column, name in enumerate(methods):
+            axis = axes[row][column]
+            axis.plot(ratios, ratios, color=GREY, linestyle="--", linewidth=1.0, label="ratio (no clip)")
+            axis.plot(ratios, report["weight"][sign][name], color="tab:blue", linewidth=1.8, label="gradient weight")
+            axis.set_xlim(0.0, 6.0)
+            axis.set_ylim(-0.2, 6.2)
+            axis.grid(True, alpha=0.3)
+            axis.set_title(f"{METHOD_LABELS[name]} ({notes[name]}), {label}", fontsize=9)
+            if row == 1:
+                axis.set_xlabel("ratio pi / pi_old")
+            if column == 0:
+                axis.set_ylabel(f"{label}: weight on A * grad logp")
+    _legend_right(figure, axes[0][-1])
+    figure.suptitle("Gradient weight per token against the ratio: 1 at ratio 1 for every method; "
+                    "where each stops or caps the gradient")
+    return figure
+
+
+def draw_sapo_gate(report):
+    """Chapter 5: SAPO's gate against the ratio, beside PPO's hard clip."""
+    ratios = report["ratios"]
+    figure, axes = _figure(7.8, 4.4)
+    axis = axes[0][0]
+    positive = report["objective"]["positive"]["sapo"]
+    negative = [-value for value in report["objective"]["negative"]["sapo"]]
+    axis.plot(ratios, positive, color="tab:blue", label=f"gate, A > 0 (tau_pos = {report['sapo_tau_pos']:g})")
+    axis.plot(ratios, negative, color="tab:red", linestyle="--",
+              label=f"gate, A < 0 (tau_neg = {report['sapo_tau_neg']:g})")
+    shift = 2.0 / report["sapo_tau_pos"] - 1.0
+    axis.plot(ratios, [r + shift for r in ratios], color=GREY, linestyle=":",
+              label=f"ratio + {shift:g}: the tangent at ratio 1")
+    axis.set_xlim(0.0, 6.0)
+    axis.set_ylim(0.0, 4.5)
+    axis.set_xlabel("ratio pi / pi_old")
+    axis.set_ylabel("gate(ratio) = 4 / tau * sigmoid(tau (ratio - 1))")
+    axis.set_title("SAPO's gate: slope 1 at ratio 1, then it flattens smoothly (no hard edge)", fontsize=10)
+    axis.grid(True, alpha=0.3)
+    _legend_right(figure, axis)
+    return figure
+
 
 # ---------------------------------------------------------------------------------------------
 # Chapters 6-10
@@ -31,4 +287,9 @@ def svg_bytes(figure):
 
 # chapter name -> {figure name: draw function}; course.py writes results-course/<chapter>-<figure>.svg
 FIGURES = {
+    "01-log-probabilities": {"shift": draw_shift},
+    "02-policy-gradient": {"sample-error": draw_sample_error},
+    "03-baselines-and-gae": {"variance": draw_variance, "gae-weights": draw_gae_weights, "lambda": draw_lambda},
+    "04-reusing-a-batch": {"corrections": draw_corrections, "second-pass": draw_second_pass},
+    "05-trust-regions": {"clip": draw_clip, "weights": draw_gradient_weights, "sapo-gate": draw_sapo_gate},
 }
