@@ -508,7 +508,8 @@ def _micro_batches():
     total = float(mask.sum())
     global_count = sum(float((per_token[part] * mask[part]).sum()) / total for part in halves)
     sequence = float(rl_lab.reduce_token_loss(per_token, mask, "sequence"))
-    sequence_micro = sum(float(rl_lab.reduce_token_loss(per_token[part], mask[part], "sequence")) for part in halves) / 2
+    sequence_micro = sum(float(rl_lab.reduce_token_loss(per_token[part], mask[part], "sequence"))
+                         for part in halves) / 2
     return {"lengths": MICRO_LENGTHS, "micro_batches": [[0, 1], [2, 3]], "token_mean": full,
             "per_micro_batch_token_mean": per_micro, "global_token_count": global_count,
             "sequence_mean": sequence, "sequence_mean_micro_batches": sequence_micro,
