@@ -23,16 +23,19 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
 
+import countdown  # noqa: E402  (pass@k, chapter 10)
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, json_text, output_folder_or_exit, run_cli, write_files  # noqa: E402
 import rl_lab  # noqa: E402,F401  (the atoms every chapter is built from)
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # the committed run of chapter 10 is read from here
 OUTPUT = "results-course"
 SEED = 7
 
@@ -493,8 +496,204 @@ def chapter_05():
 # ---------------------------------------------------------------------------------------------
 
 
+# The reference of chapters 6 and 7: a fixed table that disagrees with the reward in places, so that the
+# factor ref(a|x) of the optimum shows (a uniform reference would hide it).
+REFERENCE_LOGITS = [[-0.5, 0.5, 0.0], [0.0, -0.5, 0.5], [0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]
+KL_BETAS = [0.03, 0.1, 0.3, 1.0, 3.0]  # where the closed form is checked against gradient ascent
+ASCENT_STEPS = 3000
+# step of the gradient ascent: 3 / beta per context (the objective is a mean over the 4 contexts); the
+# curvature at the optimum is beta * (diag(p) - p p^T) <= beta / 2, so the step is stable and fast
+ASCENT_STEP_TIMES_BETA = 3.0 * rl_lab.NUM_CONTEXTS
+BETA_CURVE = [10 ** (-2 + 3 * i / 40) for i in range(41)]  # 0.01 .. 10 for the figure
+ESTIMATOR_SCALES = {"near": 0.3, "far": 1.5}  # pi = softmax(scale * v) against a uniform reference
+ESTIMATOR_DIRECTION = [1.0, -0.5, 0.3, -1.2, 0.8, -0.4]
+ESTIMATOR_SAMPLES = 4096
+RESET_BETA, RESET_ITERATIONS = 0.3, 3
+
+
+def _reference_logp():
+    return torch.log_softmax(torch.tensor(REFERENCE_LOGITS, dtype=rl_lab.DTYPE), dim=-1)  # (X, A)
+
+
+def _kl_optimum_logp(rewards, ref_logp, beta):
+    """log pi*(a|x) = log ref(a|x) + R(x,a)/beta - log Z(x): the maximizer of E[R] - beta KL(pi || ref)."""
+    return torch.log_softmax(ref_logp + rewards / beta, dim=-1)
+
+
+def _exact_kl(logp, other_logp):
+    """KL(p || q) per row from log-probs, summed over the last axis (nats)."""
+    return (logp.exp() * (logp - other_logp)).sum(dim=-1)
+
+
+def _relative_error(estimate, exact):
+    return float((estimate - exact).norm() / exact.norm())
+
+
+def _ascend_kl_objective(rewards, ref_logp, betas):
+    """The logits reached by plain gradient ascent on the exact objective mean_x [sum_a p R - beta KL(p || ref)],
+    from zeros, one independent problem per beta: (len(betas), X, A)."""
+    beta = torch.tensor(betas, dtype=rl_lab.DTYPE)[:, None, None]  # (K, 1, 1)
+    theta = torch.zeros(len(betas), *rewards.shape, dtype=rl_lab.DTYPE, requires_grad=True)  # (K, X, A)
+    for _ in range(ASCENT_STEPS):
+        logp = torch.log_softmax(theta, dim=-1)
+        objective = (logp.exp() * (rewards - beta * (logp - ref_logp))).sum(dim=-1).mean(dim=-1)  # (K,)
+        (gradient,) = torch.autograd.grad(objective.sum(), theta)
+        theta = (theta + ASCENT_STEP_TIMES_BETA / beta * gradient).detach().requires_grad_(True)
+    return theta.detach()
+
+
+def _estimator_moments(scale):
+    """Exact mean and std of k1, k2, k3 under pi = softmax(scale * v) against a uniform reference (enumerated
+    over the 6 outcomes), and their means over ESTIMATOR_SAMPLES seeded draws."""
+    logp = torch.log_softmax(scale * torch.tensor(ESTIMATOR_DIRECTION, dtype=rl_lab.DTYPE), dim=-1)  # (6,)
+    ref_logp = torch.full_like(logp, -math.log(len(ESTIMATOR_DIRECTION)))
+    kl = float(_exact_kl(logp, ref_logp))
+    generator = torch.Generator().manual_seed(SEED)
+    draws = torch.multinomial(logp.exp(), ESTIMATOR_SAMPLES, replacement=True, generator=generator)
+    p = logp.exp()
+    report = {"scale": scale, "kl": kl, "estimators": {}}
+    for name, estimator in (("k1", rl_lab.kl_k1), ("k2", rl_lab.kl_k2), ("k3", rl_lab.kl_k3)):
+        values = estimator(logp, ref_logp)  # (6,) the estimator's value on each outcome
+        mean = float((p * values).sum())
+        std = float((p * (values - mean).square()).sum().sqrt())
+        report["estimators"][name] = {"mean": mean, "bias": mean - kl, "std": std,
+                                      "sampled_mean": float(values[draws].mean())}
+    return report
+
+
+# the two small policies of the gradient examples: one token (V = 3), and two tokens where the second
+# token's distribution depends on the first (a 3 x 3 table)
+ONE_TOKEN = {"policy": [1.0, 0.0, -1.0], "reference": [0.0, 0.5, 0.0]}
+TWO_TOKENS = {"first": [0.8, -0.3, 0.0], "second": [[1.0, 0.0, -1.0], [-0.5, 0.7, 0.0], [0.0, -1.0, 1.2]],
+              "ref_first": [0.0, 0.4, -0.2], "ref_second": [[0.0, 0.0, 0.0], [0.3, -0.3, 0.0], [0.0, 0.5, -0.5]]}
+
+
+def _surrogates(token_logps, ref_token_logps):
+    """The KL terms the libraries put in a loss, per sequence: {name: (S,)}; token_logps (S, T) of each
+    enumerated sequence under the policy (with grad), ref_token_logps (S, T) under the reference."""
+    log_ratio = token_logps - ref_token_logps  # (S, T) k1 per token
+    k1 = rl_lab.kl_k1(token_logps, ref_token_logps)
+    k2 = rl_lab.kl_k2(token_logps, ref_token_logps)
+    k3 = rl_lab.kl_k3(token_logps, ref_token_logps)
+    # on-policy the old policy is the current one, detached: the ratio is 1 in value and carries the gradient
+    ratio = (token_logps - token_logps.detach()).exp()
+    sequence_logps = token_logps.sum(dim=-1)  # (S,)
+    return {
+        "k1 in the loss": k1.sum(dim=-1),
+        "k2 in the loss": k2.sum(dim=-1),
+        "k3 in the loss": k3.sum(dim=-1),
+        # TRL's GRPOConfig(use_bias_correction_kl=True): per-token k3 times the ratio pi/old (no atom: from
+        # the formula)
+        "k3 x ratio (TRL)": (ratio * k3).sum(dim=-1),
+        # verl's kl_loss_type="k3+": k3's value, k2's gradient, straight through (no atom: from the formula)
+        "k3+ (verl)": (k2 - k2.detach() + k3.detach()).sum(dim=-1),
+        # the KL in the reward: -beta * sum_t k1 (detached) multiplies grad log pi(y) like any reward
+        "k1 in the reward": log_ratio.sum(dim=-1).detach() * sequence_logps,
+        "k2 of the sequence log-ratio": rl_lab.kl_k2(sequence_logps, ref_token_logps.sum(dim=-1)),
+    }
+
+
+def _expected_gradients(parameters, sequence_probabilities, token_logps, ref_token_logps, exact_kl):
+    """{name: {"value", "relative_error", "gradient"}} for every surrogate: its expectation over the enumerated
+    sequences (probabilities detached, as samples would be) and the relative error of its expected gradient
+    against the exact gradient of KL(pi || ref)."""
+    (exact,) = torch.autograd.grad(exact_kl, parameters, retain_graph=True)
+    weights = sequence_probabilities.detach()
+    found = {}
+    for name, surrogate in _surrogates(token_logps, ref_token_logps).items():
+        expected = (weights * surrogate).sum()
+        (gradient,) = torch.autograd.grad(expected, parameters, retain_graph=True)
+        # the value each term reports: the reward's penalty is its k1 sum, the loss terms their own value
+        value = float((weights * (token_logps - ref_token_logps).sum(dim=-1)).sum().detach()) if "reward" in name \
+            else float((weights * surrogate.detach()).sum())
+        found[name] = {"value": value, "relative_error": _relative_error(gradient, exact),
+                       "gradient": gradient.flatten().tolist()}
+    return {"exact_gradient": exact.flatten().tolist(), "estimators": found}
+
+
+def _one_token_example():
+    theta = torch.tensor(ONE_TOKEN["policy"], dtype=rl_lab.DTYPE, requires_grad=True)
+    logp = torch.log_softmax(theta, dim=-1)  # (V,): each outcome is a one-token sequence
+    ref_logp = torch.log_softmax(torch.tensor(ONE_TOKEN["reference"], dtype=rl_lab.DTYPE), dim=-1)
+    kl = _exact_kl(logp, ref_logp)
+    report = _expected_gradients(theta, logp.exp(), logp[:, None], ref_logp[:, None], kl)
+    report["kl"] = float(kl.detach())
+    # k3's expected gradient is the gradient of the forward KL(ref || pi) instead
+    (forward,) = torch.autograd.grad(_exact_kl(ref_logp, logp), theta, retain_graph=True)
+    k3 = (logp.exp().detach() * rl_lab.kl_k3(logp, ref_logp)).sum()
+    (k3_gradient,) = torch.autograd.grad(k3, theta)
+    report["k3_relative_error_to_forward_kl_gradient"] = _relative_error(k3_gradient, forward)
+    return report
+
+
+def _two_token_example():
+    vocab = len(TWO_TOKENS["first"])
+    # one flat parameter vector: the first token's logits (V,), then the second token's table (V, V), row = y1
+    parameters = torch.tensor(TWO_TOKENS["first"] + sum(TWO_TOKENS["second"], []), dtype=rl_lab.DTYPE,
+                              requires_grad=True)
+    logp_first = torch.log_softmax(parameters[:vocab], dim=-1)  # (V,)
+    logp_second = torch.log_softmax(parameters[vocab:].view(vocab, vocab), dim=-1)  # (V*V,) -> (V, V)
+    ref_first = torch.log_softmax(torch.tensor(TWO_TOKENS["ref_first"], dtype=rl_lab.DTYPE), dim=-1)
+    ref_second = torch.log_softmax(torch.tensor(TWO_TOKENS["ref_second"], dtype=rl_lab.DTYPE), dim=-1)
+    y1 = torch.arange(vocab).repeat_interleave(vocab)  # (S = V*V,) every sequence (y1, y2), y1-major
+    y2 = torch.arange(vocab).repeat(vocab)
+    token_logps = torch.stack([logp_first[y1], logp_second[y1, y2]], dim=-1)  # (S, T=2)
+    ref_token_logps = torch.stack([ref_first[y1], ref_second[y1, y2]], dim=-1)  # (S, T=2)
+    sequence_probabilities = token_logps.sum(dim=-1).exp()  # (S,)
+    kl = (sequence_probabilities * (token_logps - ref_token_logps).sum(dim=-1)).sum()  # KL(pi || ref), exact
+    report = _expected_gradients(parameters, sequence_probabilities, token_logps, ref_token_logps, kl)
+    report["kl"] = float(kl.detach())
+    report["sequences"] = vocab * vocab
+    return report
+
+
 def chapter_06():
-    return {}
+    rewards, ref_logp = rl_lab.reward_table(), _reference_logp()
+    with torch.enable_grad():  # compute() runs under no_grad; the checks here need autograd
+        ascended = _ascend_kl_objective(rewards, ref_logp, KL_BETAS)
+        one_token, two_tokens = _one_token_example(), _two_token_example()
+    checks = []
+    for index, beta in enumerate(KL_BETAS):
+        closed = _kl_optimum_logp(rewards, ref_logp, beta).exp()
+        found = torch.softmax(ascended[index], dim=-1)
+        checks.append({"beta": beta, "max_abs_difference": float((closed - found).abs().max()),
+                       "expected_reward": float((closed * rewards).sum(dim=-1).mean())})
+    curve = []
+    for beta in BETA_CURVE:
+        logp = _kl_optimum_logp(rewards, ref_logp, beta)
+        curve.append({"beta": beta, "expected_reward": float((logp.exp() * rewards).sum(dim=-1).mean()),
+                      "kl_reference": float(_exact_kl(logp, ref_logp).mean()),
+                      "best_action_probability": float(logp.exp().max(dim=-1).values.mean())})
+    log_ratio = torch.linspace(-2.0, 2.0, 81, dtype=rl_lab.DTYPE)  # log pi - log ref at one token
+    zeros = torch.zeros_like(log_ratio)
+    # resetting the reference: K outer iterations at beta, each against the last one's optimum, equal one
+    # optimum at beta / K against the first reference (the exponents R / beta add up)
+    reset_logp = ref_logp
+    resets = []
+    for iteration in range(1, RESET_ITERATIONS + 1):
+        new_logp = _kl_optimum_logp(rewards, reset_logp, RESET_BETA)
+        resets.append({"iteration": iteration, "kl_to_previous": float(_exact_kl(new_logp, reset_logp).mean()),
+                       "kl_to_first": float(_exact_kl(new_logp, ref_logp).mean()),
+                       "expected_reward": float((new_logp.exp() * rewards).sum(dim=-1).mean())})
+        reset_logp = new_logp
+    equivalent = _kl_optimum_logp(rewards, ref_logp, RESET_BETA / RESET_ITERATIONS).exp()
+    return {
+        "reference_logits": REFERENCE_LOGITS,
+        "reference_probabilities": ref_logp.exp(),
+        "reference_expected_reward": float((ref_logp.exp() * rewards).sum(dim=-1).mean()),
+        "ascent_steps": ASCENT_STEPS,
+        "optimum_checks": checks,
+        "optimum_max_abs_difference": max(check["max_abs_difference"] for check in checks),
+        "beta_curve": curve,
+        "estimator_curves": {"log_ratio": log_ratio, "k1": rl_lab.kl_k1(log_ratio, zeros),
+                             "k2": rl_lab.kl_k2(log_ratio, zeros), "k3": rl_lab.kl_k3(log_ratio, zeros)},
+        "estimator_moments": {name: _estimator_moments(scale) for name, scale in ESTIMATOR_SCALES.items()},
+        "estimator_samples": ESTIMATOR_SAMPLES,
+        "one_token": one_token,
+        "two_tokens": two_tokens,
+        "reset": {"beta": RESET_BETA, "iterations": resets, "equivalent_beta": RESET_BETA / RESET_ITERATIONS,
+                  "max_abs_difference_to_equivalent": float((reset_logp.exp() - equivalent).abs().max())},
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,8 +701,71 @@ def chapter_06():
 # ---------------------------------------------------------------------------------------------
 
 
+PREFERENCE_BETA = rl_lab.DPO_BETA  # the bandit's DPO beta, for the optimum and the implicit reward
+LOSS_BETA = 0.5  # one beta for DPO, IPO and the hinge in the figure, so their margins compare
+SIMPO_BETA, SIMPO_GAMMA = 2.0, 0.5  # simpo_loss's defaults (SimPO's paper uses beta 2-2.5, gamma/beta ~0.5)
+MARGINS = [-6.0 + 0.1 * i for i in range(121)]
+QUOTED_MARGINS = [-2.0, 0.0, 1.0, 2.0, 4.0]
+
+
+def _preference_losses(margin):
+    """{name: (M,) loss} at each margin m (nats); chosen = m, rejected and the references 0. For SimPO
+    m is the difference of the length-averaged log-probs (it has no reference)."""
+    zeros = torch.zeros_like(margin)
+    return {
+        "dpo": rl_lab.dpo_loss(margin, zeros, zeros, zeros, beta=LOSS_BETA),
+        "ipo": rl_lab.ipo_loss(margin, zeros, zeros, zeros, beta=LOSS_BETA),
+        "hinge": rl_lab.dpo_hinge_loss(margin, zeros, zeros, zeros, beta=LOSS_BETA),
+        "simpo": rl_lab.simpo_loss(margin, zeros, beta=SIMPO_BETA, gamma=SIMPO_GAMMA),
+    }
+
+
+def _loss_curves(margins):
+    """{name: {"loss": (M,), "weight": (M,)}}: each loss and its gradient weight -dL/dm against the margin."""
+    margin = torch.tensor(margins, dtype=rl_lab.DTYPE, requires_grad=True)
+    curves = {}
+    for name, loss in _preference_losses(margin).items():
+        (gradient,) = torch.autograd.grad(loss.sum(), margin)  # elementwise: d loss_m / d m
+        curves[name] = {"loss": loss.detach(), "weight": -gradient}
+    return curves
+
+
 def chapter_07():
-    return {}
+    rewards, ref_logp = rl_lab.reward_table(), _reference_logp()
+    optimum_logp = _kl_optimum_logp(rewards, ref_logp, PREFERENCE_BETA)  # pi* of chapter 6 for this beta
+    pairs = rl_lab.preference_pairs(rewards)  # (12, 3): context, chosen, rejected
+    context, chosen, rejected = pairs[:, 0], pairs[:, 1], pairs[:, 2]
+    # the implicit reward beta * log(pi*/ref) = R - beta log Z(x): a difference within a context drops Z
+    implicit = PREFERENCE_BETA * (optimum_logp - ref_logp)  # (X, A)
+    implicit_margin = implicit[context, chosen] - implicit[context, rejected]  # (12,)
+    reward_margin = rewards[context, chosen] - rewards[context, rejected]
+    loss_at_optimum = rl_lab.dpo_loss(optimum_logp[context, chosen], optimum_logp[context, rejected],
+                                      ref_logp[context, chosen], ref_logp[context, rejected], beta=PREFERENCE_BETA)
+    loss_at_reference = rl_lab.dpo_loss(ref_logp[context, chosen], ref_logp[context, rejected],
+                                        ref_logp[context, chosen], ref_logp[context, rejected], beta=PREFERENCE_BETA)
+    bradley_terry_nll = -torch.nn.functional.logsigmoid(reward_margin)  # -log P(chosen > rejected) under BT
+    with torch.enable_grad():
+        curves = _loss_curves(MARGINS)
+        quoted = _loss_curves(QUOTED_MARGINS)
+    return {
+        "beta": PREFERENCE_BETA,
+        "pairs": pairs,
+        "reward_margins": reward_margin,
+        "implicit_margins": implicit_margin,
+        "implicit_margin_max_abs_difference": float((implicit_margin - reward_margin).abs().max()),
+        "log_partition": torch.logsumexp(ref_logp + rewards / PREFERENCE_BETA, dim=-1) * PREFERENCE_BETA,
+        "loss_at_optimum": loss_at_optimum,
+        "bradley_terry_nll": bradley_terry_nll,
+        "loss_at_optimum_max_abs_difference": float((loss_at_optimum - bradley_terry_nll).abs().max()),
+        "loss_at_reference": float(loss_at_reference.mean()),
+        "loss_beta": LOSS_BETA, "simpo_beta": SIMPO_BETA, "simpo_gamma": SIMPO_GAMMA,
+        "ipo_target_margin": 1.0 / (2.0 * LOSS_BETA), "hinge_zero_margin": 1.0 / LOSS_BETA,
+        "margins": MARGINS,
+        "curves": curves,
+        "quoted": [{"margin": margin, **{f"{name}_{part}": float(quoted[name][part][index])
+                                         for name in quoted for part in ("loss", "weight")}}
+                   for index, margin in enumerate(QUOTED_MARGINS)],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,8 +773,81 @@ def chapter_07():
 # ---------------------------------------------------------------------------------------------
 
 
+GROUP_SIZE = 8
+TIE_GROUP_SIZES = [2, 4, 8, 16]
+TIE_SUCCESS_RATES = [0.1, 0.5, 0.9]
+TIE_SAMPLED_GROUPS = 4096  # seeded groups per (G, q) to set the measured share of ties beside the exact one
+BUDGET = 128  # responses per batch, B * G, for the choice of G
+BUDGET_SUCCESS_RATE = 0.9  # a policy that is already good: most groups tie
+
+
+def _group_weights(group_size):
+    """One row per success count c = 0..G of a group of binary rewards: the total |A| of the group under
+    group_advantages with the std (scale "group") and without (scale "none"), and their closed forms."""
+    counts = torch.arange(group_size + 1)
+    # row c: c successes then G - c failures, (G+1, G)
+    rewards = (torch.arange(group_size)[None, :] < counts[:, None]).to(rl_lab.DTYPE)
+    with_std = rl_lab.group_advantages(rewards, scale="group").abs().sum(dim=1)  # (G+1,)
+    without_std = rl_lab.group_advantages(rewards, scale="none").abs().sum(dim=1)
+    rows = []
+    for c in range(group_size + 1):
+        p = c / group_size
+        rows.append({"successes": c, "success_rate": p, "with_std": float(with_std[c]),
+                     "without_std": float(without_std[c]),
+                     "with_std_closed_form": 2 * group_size * math.sqrt(p * (1 - p)),
+                     "without_std_closed_form": 2 * group_size * p * (1 - p)})
+    half = rows[group_size // 2]
+    for row in rows:
+        row["with_std_relative"] = row["with_std"] / half["with_std"]
+        row["without_std_relative"] = row["without_std"] / half["without_std"]
+    return rows
+
+
+def _tie_probability(success_rate, group_size):
+    """P(all G binary rewards equal) = sum_v q_v^G over the reward values v."""
+    return success_rate ** group_size + (1.0 - success_rate) ** group_size
+
+
 def chapter_08():
-    return {}
+    generator = torch.Generator().manual_seed(SEED)
+    # RLOO against the group mean on seeded rewards: the same direction, scaled by G / (G - 1)
+    rewards = torch.rand(4, GROUP_SIZE, generator=generator, dtype=rl_lab.DTYPE)  # (B, G)
+    rloo = rl_lab.rloo_advantages(rewards)
+    centred = rl_lab.group_advantages(rewards, scale="none")
+    leave_one_out = torch.stack([torch.cat([row[:i], row[i + 1:]]).mean() for row in rewards
+                                 for i in range(GROUP_SIZE)]).view_as(rewards)  # slow reference, (B*G,) -> (B, G)
+    ties = []
+    for group_size in TIE_GROUP_SIZES:
+        for q in TIE_SUCCESS_RATES:
+            draws = torch.rand(TIE_SAMPLED_GROUPS, group_size, generator=generator, dtype=rl_lab.DTYPE) < q
+            measured = float(rl_lab.tied_groups(draws.to(rl_lab.DTYPE)).to(rl_lab.DTYPE).mean())
+            ties.append({"group_size": group_size, "success_rate": q,
+                         "exact": _tie_probability(q, group_size), "measured": measured})
+    budget = []
+    for group_size in TIE_GROUP_SIZES:
+        prompts = BUDGET // group_size
+        tie = _tie_probability(BUDGET_SUCCESS_RATE, group_size)
+        budget.append({"group_size": group_size, "prompts": prompts, "tie_probability": tie,
+                       "informative_groups": prompts * (1.0 - tie),
+                       # dynamic sampling draws prompts until `prompts` groups vary: 1 / (1 - tie) each
+                       "prompts_drawn_by_dynamic_sampling": prompts / (1.0 - tie)})
+    # the bandit's uniform start: in every context the 3 actions have 3 distinct rewards
+    uniform = torch.full((rl_lab.NUM_ACTIONS,), 1.0 / rl_lab.NUM_ACTIONS, dtype=rl_lab.DTYPE)
+    return {
+        "group_size": GROUP_SIZE,
+        "weights": _group_weights(GROUP_SIZE),
+        "rloo_example": {"rewards": rewards, "rloo": rloo, "centred": centred,
+                         "max_abs_difference_to_scaled": float((rloo - GROUP_SIZE / (GROUP_SIZE - 1) * centred)
+                                                               .abs().max()),
+                         "max_abs_difference_to_loop": float((rloo - (rewards - leave_one_out)).abs().max()),
+                         # GRPO's baseline includes the sample itself: R - mean = (G-1)/G (R - mean of the others)
+                         "max_abs_difference_self_included": float((centred - (GROUP_SIZE - 1) / GROUP_SIZE
+                                                                    * (rewards - leave_one_out)).abs().max())},
+        "ties": ties,
+        "tie_sampled_groups": TIE_SAMPLED_GROUPS,
+        "budget": BUDGET, "budget_success_rate": BUDGET_SUCCESS_RATE, "budget_rows": budget,
+        "bandit_uniform_tie_probability": float((uniform ** GROUP_SIZE).sum()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,8 +855,112 @@ def chapter_08():
 # ---------------------------------------------------------------------------------------------
 
 
+LENGTHS = list(range(1, 17))  # one response of each length 1..16 in one batch, for the per-token weights
+MAX_NEW_TOKENS = 16
+MICRO_LENGTHS = [2, 3, 7, 8]  # a batch of 4 responses cut into 2 micro-batches of 2
+OVERLONG_MAX, OVERLONG_CACHE = 16, 4
+EOS = 4  # EOS = PAD, as in token_objectives.py
+EOS_EXAMPLE = [[2, EOS, EOS, EOS], [3, 3, EOS, EOS], [2, 3, 3, 3]]
+PADDING_PROMPTS = [[1, 2, 3], [2, 3]]  # two prompts of different lengths, left-padded into one batch
+PADDING_COMPLETION = [4, 5]
+
+
+def _length_mask(lengths, width):
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).to(rl_lab.DTYPE)  # (N, width)
+
+
+def _token_weights(lengths, width, max_new_tokens):
+    """{reduction: (N,) gradient of the reduced loss with respect to one token's loss, per response}."""
+    mask = _length_mask(lengths, width)
+    weights = {}
+    for reduction in rl_lab.REDUCTIONS:
+        per_token = torch.zeros(len(lengths), width, dtype=rl_lab.DTYPE, requires_grad=True)
+        loss = rl_lab.reduce_token_loss(per_token, mask, reduction, max_new_tokens=max_new_tokens)
+        (gradient,) = torch.autograd.grad(loss, per_token)
+        weights[reduction] = gradient[:, 0]  # the first token of each response: every kept token weighs the same
+    return weights
+
+
+def _micro_batches():
+    """The token mean of a batch against the same loss accumulated over two micro-batches."""
+    generator = torch.Generator().manual_seed(SEED)
+    width = max(MICRO_LENGTHS)
+    mask = _length_mask(MICRO_LENGTHS, width)
+    per_token = torch.randn(len(MICRO_LENGTHS), width, generator=generator, dtype=rl_lab.DTYPE)
+    full = float(rl_lab.reduce_token_loss(per_token, mask, "token"))
+    halves = [slice(0, 2), slice(2, 4)]
+    # gradient accumulation as often written: each micro-batch's own token mean, averaged over micro-batches
+    per_micro = sum(float(rl_lab.reduce_token_loss(per_token[part], mask[part], "token")) for part in halves) / 2
+    # the fix: each micro-batch's token sum over the batch's token count
+    total = float(mask.sum())
+    global_count = sum(float((per_token[part] * mask[part]).sum()) / total for part in halves)
+    sequence = float(rl_lab.reduce_token_loss(per_token, mask, "sequence"))
+    sequence_micro = sum(float(rl_lab.reduce_token_loss(per_token[part], mask[part], "sequence"))
+                         for part in halves) / 2
+    return {"lengths": MICRO_LENGTHS, "micro_batches": [[0, 1], [2, 3]], "token_mean": full,
+            "per_micro_batch_token_mean": per_micro, "global_token_count": global_count,
+            "sequence_mean": sequence, "sequence_mean_micro_batches": sequence_micro,
+            # the per-token weights: 1/(2 * tokens of its micro-batch) against 1/(batch's tokens)
+            "per_micro_batch_weights": [1.0 / (2 * sum(MICRO_LENGTHS[:2])), 1.0 / (2 * sum(MICRO_LENGTHS[2:]))],
+            "batch_weight": 1.0 / sum(MICRO_LENGTHS)}
+
+
+def _padding_example():
+    """Response log-probs of one tiny transformer (random weights, seeded) for two prompts scored alone and
+    left-padded in one batch, with position ids from the mask and with arange."""
+    import tiny_lm  # the course's only use of the transformer: the padding lesson
+
+    config = tiny_lm.TinyLMConfig(vocab_size=8, n_layer=1, n_head=2, d_model=16, max_len=16, init_std=0.5)
+    with torch.random.fork_rng():  # TinyLM initializes from the global generator: seed it, then restore it
+        torch.manual_seed(SEED)
+        model = tiny_lm.TinyLM(config).to(rl_lab.DTYPE)
+    model.eval()
+    width = max(len(prompt) for prompt in PADDING_PROMPTS) + len(PADDING_COMPLETION)
+    ids = torch.zeros(len(PADDING_PROMPTS), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    completion = torch.zeros_like(ids)
+    alone = []
+    for row, prompt in enumerate(PADDING_PROMPTS):
+        sequence = prompt + PADDING_COMPLETION
+        start = width - len(sequence)  # left padding: the real tokens end at the right edge
+        ids[row, start:] = torch.tensor(sequence)
+        attention[row, start:] = 1
+        completion[row, width - len(PADDING_COMPLETION):] = 1
+        single = torch.tensor([sequence])
+        scores = tiny_lm.completion_log_probs(model, single, torch.ones_like(single),
+                                              torch.tensor([[0] * len(prompt) + [1] * len(PADDING_COMPLETION)]))
+        alone.append(scores[0, -len(PADDING_COMPLETION):])
+    alone = torch.stack(alone)  # (N, completion tokens)
+    positions = tiny_lm.position_ids_from_mask(attention)
+    arange = torch.arange(width).expand_as(ids)
+    from_mask = tiny_lm.completion_log_probs(model, ids, attention, completion, position_ids=positions)
+    from_arange = tiny_lm.completion_log_probs(model, ids, attention, completion, position_ids=arange)
+    tail = slice(width - 1 - len(PADDING_COMPLETION), width - 1)  # the completion's scores after the shift
+    return {"input_ids": ids, "attention_mask": attention, "position_ids_from_mask": positions,
+            "position_ids_arange": arange,
+            "max_abs_difference_mask_positions": float((from_mask[:, tail] - alone).abs().max()),
+            "max_abs_difference_arange_positions": float((from_arange[:, tail] - alone).abs().max())}
+
+
 def chapter_09():
-    return {}
+    with torch.enable_grad():
+        weights = _token_weights(LENGTHS, MAX_NEW_TOKENS, MAX_NEW_TOKENS)
+    ids = torch.tensor(EOS_EXAMPLE)
+    lengths = torch.arange(OVERLONG_MAX + 3)  # 0 .. max + 2 tokens
+    short_right, long_wrong = LENGTHS[1], LENGTHS[-1]  # a right answer of 2 tokens, a wrong one of 16
+    return {
+        "lengths": LENGTHS, "max_new_tokens": MAX_NEW_TOKENS,
+        "token_weights": weights,
+        "short_right_length": short_right, "long_wrong_length": long_wrong,
+        # under the sequence mean the short answer's tokens weigh long/short times more than the long one's
+        "sequence_weight_ratio": float(weights["sequence"][short_right - 1] / weights["sequence"][long_wrong - 1]),
+        "micro_batches": _micro_batches(),
+        "eos_example": {"ids": ids, "eos": EOS, "completion_mask": rl_lab.completion_mask(ids, EOS),
+                        "buggy_mask": (ids != EOS).long()},
+        "padding": _padding_example(),
+        "overlong": {"max_new_tokens": OVERLONG_MAX, "cache": OVERLONG_CACHE, "lengths": lengths,
+                     "penalty": rl_lab.overlong_penalty(lengths, OVERLONG_MAX, OVERLONG_CACHE)},
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,8 +968,50 @@ def chapter_09():
 # ---------------------------------------------------------------------------------------------
 
 
+ONLINE_RUN = os.path.join("results-online-transformer-grpo-sequence", "online.json")  # python online_tokens.py
+PASSK_SAMPLES = 64  # n samples per prompt, as the run's evaluation draws
+PASSK_CORRECT = [1, 4, 16, 32]  # c correct of n for the estimator's figure
+# two prompts, 64 samples each: before RL each has 14 right answers; after, one has 56 and the other none
+NARROWING_BEFORE, NARROWING_AFTER = [14, 14], [56, 0]
+PASSK_QUOTED_K = [1, 4, 16, 64]
+
+
+def _pass_at_k_of_prompts(counts, n, k):
+    """pass@k of a set of prompts: the mean over the prompts of the unbiased estimator."""
+    return sum(countdown.pass_at_k(n, c, k) for c in counts) / len(counts)
+
+
 def chapter_10():
-    return {}
+    with open(os.path.join(HERE, ONLINE_RUN), encoding="utf-8") as handle:
+        run = json.load(handle)
+    settings, evaluation = run["settings"], run["evaluation"]
+    keys = [key for key in evaluation["before"] if key.startswith("pass@") and key[5:].isdigit()]  # "pass@1", ...
+    ks = [int(key.split("@")[1]) for key in keys]
+    n = PASSK_SAMPLES
+    estimator = {c: [countdown.pass_at_k(n, c, k) for k in range(1, n + 1)] for c in PASSK_CORRECT}
+    # the naive plug-in 1 - (1 - c/n)^k treats the n samples as draws with replacement: biased low
+    naive = {c: [1.0 - (1.0 - c / n) ** k for k in range(1, n + 1)] for c in PASSK_CORRECT}
+    return {
+        "run": ONLINE_RUN,
+        "settings": {key: settings[key] for key in ("algorithm", "policy", "task", "steps", "prompts", "group_size",
+                                                    "beta", "learning_rate", "sft_steps", "eval_prompts",
+                                                    "eval_samples", "max_new_tokens", "kl_estimator", "reduction")},
+        "evaluation_split": evaluation["before"]["split"], "evaluation_prompts": evaluation["before"]["prompts"],
+        "evaluation_samples": evaluation["before"]["samples"],
+        "ks": ks,
+        "pass_before": [evaluation["before"][key] for key in keys],
+        "pass_after": [evaluation["after"][key] for key in keys],
+        "entropy_before": evaluation["before"]["entropy_per_token"],
+        "entropy_after": evaluation["after"]["entropy_per_token"],
+        "distinct_before": evaluation["before"]["distinct_correct_per_prompt"],
+        "distinct_after": evaluation["after"]["distinct_correct_per_prompt"],
+        "estimator": {"samples": n, "correct": PASSK_CORRECT, "k": list(range(1, n + 1)),
+                      "unbiased": {str(c): values for c, values in estimator.items()},
+                      "naive": {str(c): values for c, values in naive.items()}},
+        "narrowing": {"samples": n, "before": NARROWING_BEFORE, "after": NARROWING_AFTER,
+                      "rows": [{"k": k, "before": _pass_at_k_of_prompts(NARROWING_BEFORE, n, k),
+                                "after": _pass_at_k_of_prompts(NARROWING_AFTER, n, k)} for k in PASSK_QUOTED_K]},
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,13 +7,18 @@ fresh computation.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import unittest
 
+import torch
+
+import countdown
 import course
 import plot_course
+import rl_lab
 from lab_io import json_text
 from lab_testing import HERE, committed_differences, describe_differences, single_thread_module
 
@@ -304,6 +309,312 @@ class Chapter05TrustRegions(unittest.TestCase):
 # ---------------------------------------------------------------------------------------------
 # Chapters 6-10
 # ---------------------------------------------------------------------------------------------
+
+ROUNDED = 1e-11  # relative tolerance of a value of a report (rounded to 12 significant digits)
+
+
+class RoundedValues(unittest.TestCase):
+    """assertClose: equal up to the 12 significant digits a report keeps (and 1e-13 near 0)."""
+
+    def assertClose(self, a, b, message=None):
+        self.assertTrue(math.isclose(a, b, rel_tol=ROUNDED, abs_tol=1e-13), f"{a!r} != {b!r} {message or ''}")
+
+
+_FRESH = {}  # chapter -> a fresh report, computed once for all the tests of chapters 6-10
+
+
+def fresh_report(chapter):
+    if chapter not in _FRESH:
+        _FRESH[chapter] = course.compute(chapter)
+    return _FRESH[chapter]
+
+
+class CommittedChapters6To10(unittest.TestCase):
+    def test_each_committed_report_is_a_fresh_computation(self):
+        for chapter in list(course.CHAPTERS)[5:]:
+            with self.subTest(chapter=chapter):
+                relative = f"{course.OUTPUT}/{chapter}.json"
+                found = committed_differences(relative, json_text(fresh_report(chapter)))
+                self.assertEqual(found, [], describe_differences(relative, found))
+
+    def test_each_chapter_draws_its_registered_figures(self):
+        for chapter in list(course.CHAPTERS)[5:]:
+            with self.subTest(chapter=chapter):
+                self.assertGreaterEqual(len(plot_course.FIGURES[chapter]), 1)
+
+
+class KLRegularizedObjective(RoundedValues):
+    def setUp(self):
+        self.report = fresh_report("06-kl-regularized-objective")
+
+    def test_gradient_ascent_finds_the_closed_form_optimum_at_every_beta(self):
+        self.assertEqual([check["beta"] for check in self.report["optimum_checks"]], course.KL_BETAS)
+        self.assertLess(self.report["optimum_max_abs_difference"], 1e-12)
+
+    def test_the_optimum_beats_every_other_policy_on_the_objective(self):
+        # J(pi*) >= J(pi) for seeded random policies, from the formula: the closed form is the maximum
+        rewards, ref_logp = rl_lab.reward_table(), course._reference_logp()
+        beta = 0.3
+        optimum = course._kl_optimum_logp(rewards, ref_logp, beta)
+
+        def objective(logp):
+            return float((logp.exp() * (rewards - beta * (logp - ref_logp))).sum(dim=-1).mean())
+
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(20):
+            other = torch.log_softmax(optimum + 0.3 * torch.randn(4, 3, generator=generator, dtype=torch.float64), -1)
+            self.assertLess(objective(other), objective(optimum))
+        # and J(pi*) = mean_x beta log Z(x), the value of the optimum
+        log_z = torch.logsumexp(ref_logp + rewards / beta, dim=-1)
+        self.assertClose(objective(optimum), float((beta * log_z).mean()))
+
+    def test_beta_trades_reward_for_kl_monotonically(self):
+        curve = self.report["beta_curve"]
+        rewards = [row["expected_reward"] for row in curve]
+        kls = [row["kl_reference"] for row in curve]
+        self.assertTrue(all(a >= b for a, b in zip(rewards, rewards[1:])))
+        self.assertTrue(all(a >= b for a, b in zip(kls, kls[1:])))
+        self.assertAlmostEqual(rewards[0], 1.0, delta=1e-9)  # beta 0.01: the best action everywhere
+        self.assertLess(kls[-1], 2e-3)  # beta 10: nearly the reference
+
+    def test_the_estimator_curves_are_the_formulas(self):
+        curves = self.report["estimator_curves"]
+        for x, k1, k2, k3 in zip(curves["log_ratio"], curves["k1"], curves["k2"], curves["k3"]):
+            self.assertClose(k1, x)
+            self.assertClose(k2, 0.5 * x * x)
+            self.assertClose(k3, math.exp(-x) + x - 1.0)
+
+    def test_k1_and_k3_are_unbiased_k2_is_not_and_k3_spreads_less_only_near(self):
+        moments = self.report["estimator_moments"]
+        for place in ("near", "far"):
+            estimators = moments[place]["estimators"]
+            self.assertLess(abs(estimators["k1"]["bias"]), 1e-12)
+            self.assertLess(abs(estimators["k3"]["bias"]), 1e-12)
+            self.assertGreater(abs(estimators["k2"]["bias"]), 1e-4)
+        self.assertLess(moments["near"]["estimators"]["k3"]["std"], moments["near"]["estimators"]["k1"]["std"])
+        self.assertGreater(moments["far"]["estimators"]["k3"]["std"], moments["far"]["estimators"]["k1"]["std"])
+
+    def test_the_sampled_means_lie_within_four_standard_errors_of_the_kl(self):
+        samples = self.report["estimator_samples"]
+        for place in ("near", "far"):
+            kl = self.report["estimator_moments"][place]["kl"]
+            for name in ("k1", "k3"):
+                estimator = self.report["estimator_moments"][place]["estimators"][name]
+                self.assertLess(abs(estimator["sampled_mean"] - kl), 4 * estimator["std"] / math.sqrt(samples))
+
+    def test_one_token_gradients_k2_trl_k3_plus_and_the_reward_are_exact_k1_is_zero(self):
+        found = self.report["one_token"]["estimators"]
+        for name in ("k2 in the loss", "k3 x ratio (TRL)", "k3+ (verl)", "k1 in the reward"):
+            self.assertLess(found[name]["relative_error"], 1e-12, name)
+        for component in found["k1 in the loss"]["gradient"]:
+            self.assertLess(abs(component), 1e-15)  # E[grad log pi] = 0
+        self.assertGreater(found["k3 in the loss"]["relative_error"], 0.01)
+        self.assertLess(self.report["one_token"]["k3_relative_error_to_forward_kl_gradient"], 1e-12)
+
+    def test_one_token_k2_gradient_by_hand(self):
+        # E_pi[(log pi - log ref) grad log pi] with grad_theta log pi(y) = e_y - pi, by a loop over y
+        policy = torch.softmax(torch.tensor(course.ONE_TOKEN["policy"], dtype=torch.float64), -1)
+        ref = torch.softmax(torch.tensor(course.ONE_TOKEN["reference"], dtype=torch.float64), -1)
+        gradient = [0.0, 0.0, 0.0]
+        for y in range(3):
+            log_ratio = math.log(policy[y] / ref[y])
+            for j in range(3):
+                gradient[j] += float(policy[y]) * log_ratio * ((1.0 if j == y else 0.0) - float(policy[j]))
+        for a, b in zip(self.report["one_token"]["exact_gradient"], gradient):
+            self.assertClose(a, b)
+
+    def test_two_tokens_only_the_kl_in_the_reward_and_the_sequence_k2_give_the_exact_gradient(self):
+        found = self.report["two_tokens"]["estimators"]
+        self.assertLess(found["k1 in the reward"]["relative_error"], 1e-12)
+        self.assertLess(found["k2 of the sequence log-ratio"]["relative_error"], 1e-12)
+        self.assertEqual(found["k1 in the loss"]["relative_error"], 1.0)  # its expected gradient is 0
+        for name in ("k2 in the loss", "k3 in the loss", "k3 x ratio (TRL)", "k3+ (verl)"):
+            self.assertGreater(found[name]["relative_error"], 0.05, name)
+        # on-policy TRL's ratio-weighted k3 and verl's k3+ have per-token k2's gradient exactly
+        for name in ("k3 x ratio (TRL)", "k3+ (verl)"):
+            for a, b in zip(found[name]["gradient"], found["k2 in the loss"]["gradient"]):
+                self.assertClose(a, b)
+
+    def test_two_token_kl_by_a_loop_over_the_nine_sequences(self):
+        first = torch.softmax(torch.tensor(course.TWO_TOKENS["first"], dtype=torch.float64), -1)
+        second = torch.softmax(torch.tensor(course.TWO_TOKENS["second"], dtype=torch.float64), -1)
+        ref_first = torch.softmax(torch.tensor(course.TWO_TOKENS["ref_first"], dtype=torch.float64), -1)
+        ref_second = torch.softmax(torch.tensor(course.TWO_TOKENS["ref_second"], dtype=torch.float64), -1)
+        kl = 0.0
+        for y1, y2 in itertools.product(range(3), range(3)):
+            p = float(first[y1] * second[y1, y2])
+            q = float(ref_first[y1] * ref_second[y1, y2])
+            kl += p * math.log(p / q)
+        self.assertClose(self.report["two_tokens"]["kl"], kl)
+        # k1 and k3 summed over the tokens are unbiased for it; k2 is not
+        found = self.report["two_tokens"]["estimators"]
+        self.assertClose(found["k1 in the loss"]["value"], kl)
+        self.assertClose(found["k3 in the loss"]["value"], kl)
+        self.assertGreater(abs(found["k2 in the loss"]["value"] - kl), 1e-5)
+
+    def test_resetting_the_reference_k_times_equals_beta_over_k(self):
+        reset = self.report["reset"]
+        self.assertLess(reset["max_abs_difference_to_equivalent"], 1e-12)
+        self.assertClose(reset["equivalent_beta"], reset["beta"] / len(reset["iterations"]))
+        kl_to_first = [row["kl_to_first"] for row in reset["iterations"]]
+        self.assertTrue(all(a < b for a, b in zip(kl_to_first, kl_to_first[1:])))  # the drift grows
+        last = reset["iterations"][-1]
+        self.assertLess(last["kl_to_previous"], last["kl_to_first"])
+
+
+class Preferences(RoundedValues):
+    def setUp(self):
+        self.report = fresh_report("07-preferences")
+
+    def test_the_implicit_reward_differences_are_the_reward_differences(self):
+        self.assertLess(self.report["implicit_margin_max_abs_difference"], 1e-12)
+        rewards = rl_lab.reward_table()
+        for (x, w, l), margin in zip(self.report["pairs"], self.report["reward_margins"]):
+            self.assertClose(margin, float(rewards[x, w] - rewards[x, l]))
+
+    def test_dpo_at_the_optimum_is_bradley_terrys_negative_log_likelihood(self):
+        self.assertLess(self.report["loss_at_optimum_max_abs_difference"], 1e-12)
+        for margin, nll in zip(self.report["reward_margins"], self.report["bradley_terry_nll"]):
+            self.assertClose(nll, -math.log(1.0 / (1.0 + math.exp(-margin))))
+        self.assertClose(self.report["loss_at_reference"], math.log(2.0))
+
+    def test_the_quoted_losses_and_weights_by_hand(self):
+        beta = self.report["loss_beta"]
+        for row in self.report["quoted"]:
+            m = row["margin"]
+            sig = 1.0 / (1.0 + math.exp(beta * m))  # sigmoid(-beta m)
+            self.assertClose(row["dpo_loss"], -math.log(1.0 - sig))
+            self.assertClose(row["dpo_weight"], beta * sig)
+            self.assertClose(row["ipo_loss"], (m - 1.0 / (2 * beta)) ** 2)
+            self.assertClose(row["ipo_weight"], -2.0 * (m - 1.0 / (2 * beta)))
+            self.assertClose(row["hinge_loss"], max(0.0, 1.0 - beta * m))
+            self.assertClose(row["hinge_weight"], beta if beta * m < 1 else 0.0)
+
+    def test_dpo_keeps_a_positive_weight_ipo_changes_sign_at_its_target(self):
+        curves, margins = self.report["curves"], self.report["margins"]
+        self.assertTrue(all(w > 0 for w in curves["dpo"]["weight"]))
+        weights = curves["dpo"]["weight"]
+        self.assertTrue(all(a > b for a, b in zip(weights, weights[1:])))
+        target = self.report["ipo_target_margin"]
+        for m, w in zip(margins, curves["ipo"]["weight"]):
+            if abs(m - target) > 1e-9:
+                self.assertEqual(w > 0, m < target)
+
+
+class Groups(RoundedValues):
+    def setUp(self):
+        self.report = fresh_report("08-groups")
+
+    def test_the_weight_table_matches_its_closed_forms(self):
+        for row in self.report["weights"]:
+            # group_advantages divides by std + 1e-8: the closed form holds to ~1e-7 relative
+            self.assertAlmostEqual(row["with_std"], row["with_std_closed_form"], delta=1e-6)
+            self.assertClose(row["without_std"], row["without_std_closed_form"])
+
+    def test_a_one_of_eight_prompt_weighs_0_661_with_the_std_and_0_4375_without(self):
+        one = self.report["weights"][1]
+        self.assertAlmostEqual(one["with_std_relative"], math.sqrt(7) / 4, delta=1e-7)  # 0.6614
+        self.assertClose(one["without_std_relative"], 0.4375)
+        for row in self.report["weights"]:
+            self.assertLessEqual(row["with_std_relative"], 1.0 + 1e-12)  # no prompt outweighs 4 of 8
+
+    def test_rloo_is_the_centred_advantage_scaled_by_g_over_g_minus_1(self):
+        example = self.report["rloo_example"]
+        for name in ("max_abs_difference_to_scaled", "max_abs_difference_to_loop", "max_abs_difference_self_included"):
+            self.assertLess(example[name], 1e-12, name)
+
+    def test_tied_groups_exact_and_measured(self):
+        for row in self.report["ties"]:
+            q, g = row["success_rate"], row["group_size"]
+            self.assertClose(row["exact"], q ** g + (1 - q) ** g)
+            standard_error = math.sqrt(row["exact"] * (1 - row["exact"]) / self.report["tie_sampled_groups"])
+            self.assertLess(abs(row["measured"] - row["exact"]), 5 * standard_error + 1e-3)
+        self.assertClose(self.report["bandit_uniform_tie_probability"], 3 * (1 / 3) ** 8)
+
+    def test_the_budget_rows(self):
+        for row in self.report["budget_rows"]:
+            self.assertEqual(row["prompts"] * row["group_size"], self.report["budget"])
+            self.assertAlmostEqual(row["prompts_drawn_by_dynamic_sampling"] * (1 - row["tie_probability"]),
+                                   row["prompts"], delta=1e-9)
+
+
+class Sequences(RoundedValues):
+    def setUp(self):
+        self.report = fresh_report("09-sequences")
+
+    def test_per_token_weights_of_each_reduction_by_hand(self):
+        lengths, weights = self.report["lengths"], self.report["token_weights"]
+        n, total, cap = len(lengths), sum(lengths), self.report["max_new_tokens"]
+        for index, length in enumerate(lengths):
+            self.assertClose(weights["sequence"][index], 1.0 / (n * length))
+            self.assertClose(weights["token"][index], 1.0 / total)
+            self.assertClose(weights["constant"][index], 1.0 / (n * cap))
+        self.assertEqual(self.report["sequence_weight_ratio"], 8.0)
+
+    def test_micro_batches_by_a_loop(self):
+        micro = self.report["micro_batches"]
+        self.assertClose(micro["global_token_count"], micro["token_mean"])
+        self.assertClose(micro["sequence_mean_micro_batches"], micro["sequence_mean"])
+        self.assertGreater(abs(micro["per_micro_batch_token_mean"] - micro["token_mean"]), 1e-3)
+        lengths = micro["lengths"]
+        self.assertClose(micro["per_micro_batch_weights"][0], 1 / (2 * (lengths[0] + lengths[1])))
+        self.assertClose(micro["per_micro_batch_weights"][1], 1 / (2 * (lengths[2] + lengths[3])))
+
+    def test_the_completion_mask_keeps_the_first_eos_the_buggy_mask_drops_it(self):
+        example = self.report["eos_example"]
+        for ids, kept, buggy in zip(example["ids"], example["completion_mask"], example["buggy_mask"]):
+            first_eos = ids.index(example["eos"]) if example["eos"] in ids else len(ids) - 1
+            self.assertEqual(kept, [1 if t <= first_eos else 0 for t in range(len(ids))])
+            self.assertEqual(buggy, [0 if token == example["eos"] else 1 for token in ids])
+
+    def test_mask_positions_reproduce_the_unpadded_log_probs_arange_does_not(self):
+        padding = self.report["padding"]
+        self.assertLess(padding["max_abs_difference_mask_positions"], 1e-12)
+        self.assertGreater(padding["max_abs_difference_arange_positions"], 1e-2)
+        for mask, positions in zip(padding["attention_mask"], padding["position_ids_from_mask"]):
+            first = mask.index(1)
+            self.assertEqual(positions[first:], list(range(len(mask) - first)))
+
+    def test_the_overlong_penalty_by_hand(self):
+        overlong = self.report["overlong"]
+        cap, cache = overlong["max_new_tokens"], overlong["cache"]
+        for length, penalty in zip(overlong["lengths"], overlong["penalty"]):
+            expected = 0.0 if length <= cap - cache else (-1.0 if length > cap else ((cap - cache) - length) / cache)
+            self.assertClose(penalty, expected)
+
+
+class TheWholeLoop(RoundedValues):
+    def setUp(self):
+        self.report = fresh_report("10-the-whole-loop")
+
+    def test_the_report_quotes_the_committed_run(self):
+        with open(os.path.join(course.HERE, self.report["run"]), encoding="utf-8") as handle:
+            evaluation = json.load(handle)["evaluation"]
+        for k, before, after in zip(self.report["ks"], self.report["pass_before"], self.report["pass_after"]):
+            self.assertClose(before, evaluation["before"][f"pass@{k}"])
+            self.assertClose(after, evaluation["after"][f"pass@{k}"])
+        self.assertEqual(self.report["ks"], [1, 4, 16, 64])
+        self.assertGreater(self.report["pass_after"][0], self.report["pass_before"][0])  # pass@1 up
+        self.assertLess(self.report["pass_after"][-1], self.report["pass_before"][-1])  # pass@64 down
+        self.assertLess(self.report["entropy_after"], self.report["entropy_before"])
+        self.assertLess(self.report["distinct_after"], self.report["distinct_before"])
+
+    def test_the_estimator_against_the_binomial_definition(self):
+        estimator = self.report["estimator"]
+        n = estimator["samples"]
+        for c in estimator["correct"]:
+            for k, value in zip(estimator["k"], estimator["unbiased"][str(c)]):
+                self.assertClose(value, 1.0 - math.comb(n - c, k) / math.comb(n, k))
+                self.assertGreaterEqual(value + 1e-12, estimator["naive"][str(c)][k - 1])  # the plug-in is low
+
+    def test_the_narrowing_example(self):
+        rows = {row["k"]: row for row in self.report["narrowing"]["rows"]}
+        self.assertClose(rows[1]["before"], 14 / 64)
+        self.assertClose(rows[1]["after"], 56 / 128)
+        self.assertEqual(rows[64]["before"], 1.0)
+        self.assertEqual(rows[64]["after"], 0.5)
+        self.assertEqual(countdown.pass_at_k(64, 0, 64), 0.0)
+
 
 
 if __name__ == "__main__":
