@@ -660,8 +660,10 @@ def run_kl_estimators(seed, distance):
         metrics.update({
             f"{name}_relative_bias": (mean - exact) / exact,
             f"{name}_relative_std": std / exact,
-            f"{name}_grad_error_kl_pi_ref": (expected_gradient - grad_kl_pi_ref).norm().item() / grad_kl_pi_ref.norm().item(),
-            f"{name}_grad_error_kl_ref_pi": (expected_gradient - grad_kl_ref_pi).norm().item() / grad_kl_ref_pi.norm().item(),
+            f"{name}_grad_error_kl_pi_ref": (expected_gradient - grad_kl_pi_ref).norm().item()
+            / grad_kl_pi_ref.norm().item(),
+            f"{name}_grad_error_kl_ref_pi": (expected_gradient - grad_kl_ref_pi).norm().item()
+            / grad_kl_ref_pi.norm().item(),
             f"{name}_grad_norm_ratio": expected_gradient.norm().item() / grad_kl_pi_ref.norm().item(),
         })
     return {"metrics": metrics, "curve": []}
@@ -1387,7 +1389,7 @@ def _chain_lambda():
     names = {value: C({"gae_lambda": value}) for value in (0.0, 0.95, 1.0)}
     return Experiment(
         "chain-lambda", "two-step chain PPO with GAE lambda 0, 0.95, 1",
-        "GAE, arXiv 1506.02438; the lab's section 6",
+        "GAE, arXiv 1506.02438; the chain page's GAE trace (docs/chain.md)",
         "lambda trades bias for variance; lambda 0 still learns a delayed reward through the critic's bootstrap, "
         "only slower at the start, and catches up.",
         [({"gae_lambda": value}, "run_chain", {"gae_lambda": value}) for value in (0.0, 0.95, 1.0)],
@@ -1529,7 +1531,8 @@ def _passk_narrowing():
         "Model?', arXiv 2504.13837",
         "RL sharpens the policy: pass@1 on test prompts rises while pass@64 falls below the SFT start, together "
         "with a fall of the entropy and of the number of distinct correct answers per prompt (measured in the "
-        "same runs: a co-occurrence, not a shown cause). The ablation: a KL penalty ten times stronger holds the policy nearer its start and keeps more "
+        "same runs: a co-occurrence, not a shown cause). The ablation: a KL penalty ten times stronger holds the "
+        "policy nearer its start and keeps more "
         "of pass@64.",
         [_transformer({"beta": beta}, beta=beta) for beta in (0.02, 0.2)],
         ["test_pass@1_before", "test_pass@1_after", "test_pass@64_before", "test_pass@64_after",
@@ -1732,7 +1735,8 @@ def _kl_placement():
         "policy toward the reference with weight beta per response (the sequence mean), while k1's expected "
         "gradient is near zero (exactly zero only on-policy with weights that do not depend on the length; the "
         "sequence mean's 1/|y| does). Per-token loss terms give a partial gradient of the sequence KL; the KL "
-        "in the reward gives the exact one. Subtracted from the reward, beta times the KL summed over the response's tokens "
+        "in the reward gives the exact one. Subtracted from the reward, beta times the KL summed over the "
+        "response's tokens "
         "enters the advantages, which divide by the group's reward std: at the same beta it pulls several times "
         "harder. Measured as each run's KL to the reference at the end; the ablation raises the loss's beta "
         "tenfold.",
@@ -1745,7 +1749,8 @@ def _kl_placement():
             Claim("k1 in the loss ends as far from the reference as no KL (within 0.3 nats)",
                   difference("kl_reference", k1_loss, none), "within", margin=0.3,
                   note="On one draw from the current policy E[grad k1] = 0; under the sequence mean the weight "
-                       "1/|y| depends on the length, so it is near 0 rather than exactly 0, and mostly its noise acts."),
+                       "1/|y| depends on the length, so it is near 0 rather than exactly 0, and mostly its noise "
+                       "acts."),
             Claim("k1 in the reward (beta 0.02) keeps the policy closer to the reference than no KL",
                   difference("kl_reference", none, k1_reward), "greater", 0.8),
             Claim("The ablation: k3 in the loss at beta 0.2 keeps the policy closer to the reference than no KL",

@@ -1139,9 +1139,9 @@ DPO_COLUMNS = COLUMNS + ["dpo_training_loss", "dpo_clean_loss"]
 def reward_table(sparse=False, shift=0.0):
     """(X=4, A=3) float64 reward table R(x, a) of the bandit (rows = contexts).
 
-    The article this lab accompanies (docs/sources.md) proposes two variants: sparse=True pays 1 for each context's best action
-    and 0 for the others; shift adds a constant to every reward (a group-relative advantage does not
-    move, a critic's target does).
+    The article this lab accompanies (docs/sources.md) proposes two variants: sparse=True pays 1 for each
+    context's best action and 0 for the others; shift adds a constant to every reward (a group-relative
+    advantage does not move, a critic's target does).
     """
     table = torch.tensor(
         [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]], dtype=DTYPE, device=DEVICE

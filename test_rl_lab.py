@@ -721,7 +721,7 @@ class ExtremeInput(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
-# The field's variants (SPEC section 7)
+# The field's variants: the atoms added after the seed algorithms (clip-higher, dual-clip, RLOO, ...)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -1144,7 +1144,7 @@ class Bandit(unittest.TestCase):
             p = [math.exp(v) for v in old[row].tolist()]
             q = [math.exp(v) for v in current[row].tolist()]
             p, q = [v / sum(p) for v in p], [v / sum(q) for v in q]
-            expected += sum(pi * math.log(pi / qi) for pi, qi in zip(p, q)) / 4  # KL(old || current), not KL(current || old)
+            expected += sum(pi * math.log(pi / qi) for pi, qi in zip(p, q)) / 4  # KL(old || current), not the other way
         reverse = 0.0
         for row in range(4):
             p = [math.exp(v) for v in current[row].tolist()]
