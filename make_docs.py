@@ -64,7 +64,10 @@ PROGRAMS = {
 }
 # The algorithm pages: each a content file docs/templates/algorithms/NAME.md with these sections, in the
 # skeleton's order (the skeleton gives every page the same headings).
-ALGORITHM_SECTIONS = ("title", "summary", "equations", "atom", "runs", "measured", "libraries", "papers")
+# The sections of each docs/templates/algorithms/*.md, in page order: the lesson first (background, key
+# equations derived, pseudocode, the lab's runs and numbers), then the reference (contract, libraries, papers)
+ALGORITHM_SECTIONS = ("title", "background", "equations", "pseudocode", "runs", "measured", "atom", "libraries",
+                      "papers")
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 ONLINE_RUNS = {"grpo": "results-online-grpo-sequence", "cispo": "results-online-cispo-sequence",
                "transformer": "results-online-transformer-grpo-sequence"}
@@ -108,6 +111,7 @@ ARXIV_TITLES = {
     "2508.08221": "Liu et al., Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning (Lite PPO)",
     "2510.00977": "Wu et al., It Takes Two: Your GRPO Is Secretly DPO",
     "2510.13786": "Khatri et al., The Art of Scaling Reinforcement Learning Compute for LLMs (ScaleRL)",
+    "2511.20347": "Gao et al., Soft Adaptive Policy Optimization (SAPO)",
     "2512.02556": "DeepSeek-AI, DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
     "2512.21852": "Shah et al., A Comedy of Estimators: On KL Regularization in RL Training of LLMs",
 }
@@ -838,7 +842,8 @@ def render_all(root=HERE):
             continue
         where = os.path.join(TEMPLATES, "algorithms", filename)
         parts = sections(read_text(root, where), where)
-        local = dict(names, section=lambda name, parts=parts, where=where: render(parts[name], names, where))
+        local = dict(names, section=lambda name, parts=parts, where=where: render(parts[name], names, where),
+                     algorithm=filename[:-len(".md")])
         page = f"docs/algorithms/{filename}"
         pages[page] = _finish(render(skeleton, local, f"{skeleton_path} for {where}"), page)
     learn = os.path.join(templates, "learn")  # the course: docs/learn/NAME.md for each learn/NAME.md

@@ -116,7 +116,7 @@ class OnlineConfig:
     value_clip: float = setting(None, "clip the value update around the old values (PPO2)", low=0.0, high=100.0,
                                 low_open=True, optional=True, applies=("ppo",))
     # DPO
-    dpo_loss: str = setting("sigmoid", "sigmoid (DPO), ipo, hinge (SLiC), cdpo (label smoothing), robust (rDPO), "
+    dpo_loss: str = setting("sigmoid", "sigmoid (DPO), ipo, hinge (RSO), cdpo (label smoothing), robust (rDPO), "
                             "simpo (no reference, length-averaged)", choices=tuple(PREFERENCE_LOSSES),
                             applies=("dpo",))
     dpo_beta: float = setting(0.5, "beta of the loss", low=1e-6, high=100.0, applies=("dpo",),

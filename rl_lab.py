@@ -1,6 +1,6 @@
 """RL post-training atoms and a one-step contextual bandit that trains PPO, DPO, GRPO and CISPO.
 
-    python rl_lab.py --algorithm atoms                  # print a hand-checkable value of every atom (JSON)
+    python rl_lab.py --algorithm atoms                  # print a hand-checkable value of every atom (text)
     python rl_lab.py --algorithm all                    # train all four, write results/{ppo,dpo,grpo,cispo}.{csv,json}
     python rl_lab.py --algorithm dpo --preference-flips 12 --output results-dpo-flips12
     python rl_lab.py --algorithm grpo --group-size 4 --grpo-prompts 32 --output results-grpo-g4
