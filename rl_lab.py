@@ -876,7 +876,7 @@ def cispo_policy_loss(
     (train_grpo.py) of MiniMax-M1's objective (arXiv 2506.13585, sec. 3.1).
 
         ratio    = exp(policy_logp - old_logp)
-        weight   = sg(min(ratio, epsilon_high))                         # detached, capped
+        weight   = sg(min(ratio, epsilon_high))                         # sg: stop-gradient (detached), capped
         per_tok  = -(weight * A * policy_logp - beta * kl)
         loss     = reduce_token_loss(per_tok, completion_mask, reduction)
 
