@@ -121,7 +121,8 @@ register_policy_loss("sapo", sapo_policy_loss, reads=("tau_pos", "tau_neg", "red
 register_preference_loss("sigmoid", dpo_loss, defaults={"dpo_beta": 0.5}, summary="DPO")
 # ipo's beta sets its target margin 1/(2 beta), the hinge's 1/beta: TRL's 0.1
 register_preference_loss("ipo", ipo_loss, defaults={"dpo_beta": 0.1}, summary="IPO")
-register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1}, summary="RSO's hinge on the relative margin")
+register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1},
+                         summary="RSO's hinge on the relative margin")
 register_preference_loss("cdpo", cdpo_loss, reads={"label_smoothing": "label_smoothing"}, defaults={"dpo_beta": 0.5},
                          summary="DPO with label smoothing")
 register_preference_loss("robust", robust_dpo_loss, reads={"label_smoothing": "label_smoothing"},
