@@ -2,9 +2,9 @@
 into the library's own config object, and every mapped loss is computed by the library's own code on
 the lab's batches.
 
-    python bridge.py check          # every mapped setting -> TRL's config classes and verl's composed Hydra config
-    python bridge.py conformance    # the lab's loss and the libraries' on the same batches: README's Markdown table
-    python bridge.py e2e            # an exported TRL script trains 3 steps on a CPU; the atoms recompute one
+    .venv-bridge/bin/python bridge.py check        # every mapped setting -> TRL's and verl's config classes
+    .venv-bridge/bin/python bridge.py conformance  # the lab's losses and the libraries' on the same batches
+    .venv-bridge/bin/python bridge.py e2e          # an exported TRL script trains 3 steps; the atoms recompute one
 
 Needs the optional extra (requirements-bridge.txt, in its own venv); the lab itself does not. `check`
 builds library_map.library_blocks(settings) for REPRESENTATIVE_SETTINGS (every algorithm and switch of

@@ -649,8 +649,8 @@ def run_kl_estimators(seed, distance):
         (gradient,) = torch.autograd.grad(function(leaf_logp), leaf)
         return gradient
 
-    forward = gradient_of(lambda lp: (lp.exp() * (lp - ref_logp)).sum())
-    reverse = gradient_of(lambda lp: (ref_logp.exp() * (ref_logp - lp)).sum())
+    grad_kl_pi_ref = gradient_of(lambda lp: (lp.exp() * (lp - ref_logp)).sum())  # the reverse KL, trained policy first
+    grad_kl_ref_pi = gradient_of(lambda lp: (ref_logp.exp() * (ref_logp - lp)).sum())  # the forward KL
     metrics = {"kl_exact": exact}
     for name, estimator in rl_lab.KL_ESTIMATORS.items():
         values = estimator(logp, ref_logp)
@@ -660,9 +660,11 @@ def run_kl_estimators(seed, distance):
         metrics.update({
             f"{name}_relative_bias": (mean - exact) / exact,
             f"{name}_relative_std": std / exact,
-            f"{name}_grad_error_forward_kl": (expected_gradient - forward).norm().item() / forward.norm().item(),
-            f"{name}_grad_error_reverse_kl": (expected_gradient - reverse).norm().item() / reverse.norm().item(),
-            f"{name}_grad_norm_ratio": expected_gradient.norm().item() / forward.norm().item(),
+            f"{name}_grad_error_kl_pi_ref": (expected_gradient - grad_kl_pi_ref).norm().item()
+            / grad_kl_pi_ref.norm().item(),
+            f"{name}_grad_error_kl_ref_pi": (expected_gradient - grad_kl_ref_pi).norm().item()
+            / grad_kl_ref_pi.norm().item(),
+            f"{name}_grad_norm_ratio": expected_gradient.norm().item() / grad_kl_pi_ref.norm().item(),
         })
     return {"metrics": metrics, "curve": []}
 
@@ -860,13 +862,16 @@ def _kl_estimators():
     both = (near, far)
     return Experiment(
         "kl-estimators", "k1/k2/k3: bias and spread of each value, and which KL each expected gradient follows",
-        "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477",
-        "k1 and k3 are unbiased for KL(pi‖ref), k2 is not; as loss terms, E[grad k1] = 0, E[grad k2] = "
-        "grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi). k3 spreads less than k1 near the reference only. "
-        "Computed exactly by enumeration on 6-way categoricals, near (logits scaled 0.3) and far (1.5).",
+        "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477; Shah et al., arXiv "
+        "2512.21852; Zhang et al. (RPG), arXiv 2505.17508",
+        "k1 and k3 are unbiased for KL(pi‖ref), k2 is not; as loss terms on one categorical draw from the current "
+        "policy, E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi). k3 spreads less "
+        "than k1 near the reference only. Computed exactly by enumeration on 6-way categoricals, near (logits "
+        "scaled 0.3) and far (1.5). These identities hold for one draw only: on a sequence, a per-token loss "
+        "gives a partial gradient of the sequence KL (Tang and Munos' second pitfall).",
         [({"distance": distance}, "run_kl_estimators", {"distance": distance}) for distance in ("near", "far")],
         [f"{name}_{stat}" for name in ("k1", "k2", "k3") for stat in (
-            "relative_bias", "relative_std", "grad_error_forward_kl", "grad_error_reverse_kl")],
+            "relative_bias", "relative_std", "grad_error_kl_pi_ref", "grad_error_kl_ref_pi")],
         claims=[
             Claim("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
                   lambda runs: all(abs(runs[c][f"{k}_relative_bias"]) < 1e-12 for c in both for k in ("k1", "k3"))),
@@ -874,9 +879,9 @@ def _kl_estimators():
                   lambda runs: all(abs(runs[c]["k2_relative_bias"]) > 1e-3 for c in both)),
             Claim("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
                   "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi‖ref) (above 1e-3), near and far",
-                  lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_forward_kl"] < 1e-12
-                                   and runs[c]["k3_grad_error_reverse_kl"] < 1e-12
-                                   and runs[c]["k3_grad_error_forward_kl"] > 1e-3 for c in both)),
+                  lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_kl_pi_ref"] < 1e-12
+                                   and runs[c]["k3_grad_error_kl_ref_pi"] < 1e-12
+                                   and runs[c]["k3_grad_error_kl_pi_ref"] > 1e-3 for c in both)),
             Claim("Near the reference, k3 spreads less than k1 (a smaller per-sample std)",
                   lambda runs: runs[near]["k3_relative_std"] < runs[near]["k1_relative_std"], at_least=0.8),
             Claim("Far from the reference, k3 still spreads less than k1",
@@ -890,9 +895,9 @@ def _kl_estimators():
              "title": "bias of the value, relative to KL(pi‖ref)", "ylabel": "(E[k] - KL) / KL"},
             {"kind": "values", "metrics": ["k1_relative_std", "k2_relative_std", "k3_relative_std"],
              "title": "per-sample std, relative to KL(pi‖ref)", "ylabel": "std(k) / KL"},
-            {"kind": "values", "metrics": [f"{k}_grad_error_forward_kl" for k in ("k1", "k2", "k3")],
+            {"kind": "values", "metrics": [f"{k}_grad_error_kl_pi_ref" for k in ("k1", "k2", "k3")],
              "title": "E[grad k] against grad KL(pi‖ref)", "ylabel": "relative error"},
-            {"kind": "values", "metrics": [f"{k}_grad_error_reverse_kl" for k in ("k1", "k2", "k3")],
+            {"kind": "values", "metrics": [f"{k}_grad_error_kl_ref_pi" for k in ("k1", "k2", "k3")],
              "title": "E[grad k] against grad KL(ref‖pi)", "ylabel": "relative error"}]},
         cost=0.01,
     )
@@ -945,8 +950,9 @@ def _std_scaling():
     return Experiment(
         "std-scaling", "group vs batch vs no std, with and without the KL penalty: easy and hard prompts",
         "Dr. GRPO, arXiv 2503.20783, sec. 3.1 (question-level difficulty bias)",
-        "Dividing by the group's std gives a prompt whose group is nearly all right or all wrong a larger total "
-        "weight than one near 50% (exact table). In training, no std ends lower on the hard prompts (4 and 5, "
+        "Dividing by the group's std raises the total weight of a prompt whose group is nearly all right or all "
+        "wrong relative to one near 50%, compared with no std; the prompt near 50% still weighs the most (exact "
+        "table). In training, no std ends lower on the hard prompts (4 and 5, "
         "three-digit answers); the ablation without the KL penalty shows why: unscaled advantages are smaller, "
         "so the same KL penalty weighs more against them and holds the policy nearer the uniform reference.",
         [({"scale_rewards": scale, "beta": beta}, "run_std_scaling", {"scale_rewards": scale, "beta": beta})
@@ -1265,14 +1271,21 @@ def _grpo2_vs_dpo():
 
 
 def _four_algorithms():
+    # what still moves a prompt whose sampled answers all score alike, by algorithm
+    tied = {"ppo": "its advantages are the critic's error alone (reward minus value), so only the critic's error "
+                   "and the KL in the reward move it",
+            "dpo": "it yields no pair, so the loss has no term for it (DPO has no KL-penalty term): nothing moves it",
+            "grpo": "its group-relative advantages are 0, so only the KL penalty moves it",
+            "cispo": "its group-relative advantages are 0, so only the KL penalty moves it"}
+
     def reaches(algorithm):
         configuration = C({"algorithm": algorithm})
         return Claim(f"{algorithm.upper()} reaches exact success 0.9",
                      lambda runs: runs[configuration]["iterations_to_0.9"] is not None,
                      note="A run that never reaches 0.9 ends with one prompt stuck near 0 success (stuck_prompts): "
-                          "its sampled answers all score alike, so its reward carries no signal and only the KL "
-                          "penalty moves it. The share, with its interval, is how often over these seeds; a rare "
-                          "failure can be absent from one set of 20 seeds and present in the next.")
+                          f"its sampled answers all score alike; {tied[algorithm]}. The share, with its interval, "
+                          "is how often over these seeds; a rare failure can be absent from one set of 20 seeds "
+                          "and present in the next.")
 
     return Experiment(
         "four-algorithms", "PPO, DPO, GRPO, CISPO on the token task at one budget (B*G responses per iteration)",
@@ -1376,7 +1389,7 @@ def _chain_lambda():
     names = {value: C({"gae_lambda": value}) for value in (0.0, 0.95, 1.0)}
     return Experiment(
         "chain-lambda", "two-step chain PPO with GAE lambda 0, 0.95, 1",
-        "GAE, arXiv 1506.02438; the lab's section 6",
+        "GAE, arXiv 1506.02438; the chain page's GAE trace (docs/chain.md)",
         "lambda trades bias for variance; lambda 0 still learns a delayed reward through the critic's bootstrap, "
         "only slower at the start, and catches up.",
         [({"gae_lambda": value}, "run_chain", {"gae_lambda": value}) for value in (0.0, 0.95, 1.0)],
@@ -1516,9 +1529,10 @@ def _passk_narrowing():
         "passk-narrowing", "transformer GRPO from its SFT start: pass@1 up, pass@k at large k down, diversity lost",
         "Yue et al., 'Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the Base "
         "Model?', arXiv 2504.13837",
-        "RL sharpens the policy around the answers it already finds: pass@1 on test prompts rises while pass@64 "
-        "falls below the SFT start, because the entropy and the number of distinct correct answers per prompt "
-        "fall. The ablation: a KL penalty ten times stronger holds the policy nearer its start and keeps more "
+        "RL sharpens the policy: pass@1 on test prompts rises while pass@64 falls below the SFT start, together "
+        "with a fall of the entropy and of the number of distinct correct answers per prompt (measured in the "
+        "same runs: a co-occurrence, not a shown cause). The ablation: a KL penalty ten times stronger holds the "
+        "policy nearer its start and keeps more "
         "of pass@64.",
         [_transformer({"beta": beta}, beta=beta) for beta in (0.02, 0.2)],
         ["test_pass@1_before", "test_pass@1_after", "test_pass@64_before", "test_pass@64_after",
@@ -1529,8 +1543,8 @@ def _passk_narrowing():
                   "greater", 0.8),
             Claim("RL lowers pass@64 on the test prompts below the SFT start",
                   lambda runs: _negated(change["pass@64"](runs, default)), "greater", 0.8),
-            Claim("The cause: the entropy per sampled token and the distinct correct answers per test prompt both "
-                  "fall", lambda runs: _both_negative(change["entropy_per_token"](runs, default),
+            Claim("Together with it, the entropy per sampled token and the distinct correct answers per test prompt "
+                  "both fall", lambda runs: _both_negative(change["entropy_per_token"](runs, default),
                                                       change["distinct_correct_per_prompt"](runs, default))),
             Claim("The ablation: with beta 0.2 pass@64 falls less than with beta 0.02",
                   lambda runs: _minus(change["pass@64"](runs, strong), change["pass@64"](runs, default)), "greater", 0.8,
@@ -1560,8 +1574,9 @@ def _sft_vs_rl_generalization():
                 metrics["final_test_success_probability"] - metrics["initial_test_success_probability"])
 
     return Experiment(
-        "sft-vs-rl-generalization", "transformer GRPO: exact success on train prompts and on unseen test prompts",
-        "Chu et al., 'SFT Memorizes, RL Generalizes', arXiv 2501.17161",
+        "sft-vs-rl-generalization", "transformer GRPO from its SFT start, RL only: exact success on train and on "
+        "unseen test prompts",
+        "Chu et al., 'SFT Memorizes, RL Generalizes', arXiv 2501.17161 (its RL side only: no SFT arm is run)",
         "The transformer shares its parameters across prompts: what RL teaches on the training prompts carries "
         "to prompts it never trained on, since Countdown's test prompts reuse the training prompts' arithmetic. "
         "The claims: the test success rises with the train success, by at least half as much; and a gap "
@@ -1714,10 +1729,14 @@ def _kl_placement():
     return Experiment(
         "kl-placement", "transformer: the KL to the SFT start as k3 or k1 in the loss, k1 in the reward, or none",
         "Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477; TRL's RLOO and verl's "
-        "use_kl_in_reward (KL in the reward), GRPO's k3 in the loss (DeepSeekMath, arXiv 2402.03300)",
+        "use_kl_in_reward (KL in the reward), GRPO's k3 in the loss (DeepSeekMath, arXiv 2402.03300); Shah et "
+        "al., arXiv 2512.21852; Zhang et al. (RPG), arXiv 2505.17508",
         "Where the KL penalty goes decides how hard it pulls. As a loss term, k3's expected gradient pulls the "
         "policy toward the reference with weight beta per response (the sequence mean), while k1's expected "
-        "gradient is zero. Subtracted from the reward, beta times the KL summed over the response's tokens "
+        "gradient is near zero (exactly zero only on-policy with weights that do not depend on the length; the "
+        "sequence mean's 1/|y| does). Per-token loss terms give a partial gradient of the sequence KL; the KL "
+        "in the reward gives the exact one. Subtracted from the reward, beta times the KL summed over the "
+        "response's tokens "
         "enters the advantages, which divide by the group's reward std: at the same beta it pulls several times "
         "harder. Measured as each run's KL to the reference at the end; the ablation raises the loss's beta "
         "tenfold.",
@@ -1729,7 +1748,9 @@ def _kl_placement():
                   difference("kl_reference", none, k3), "greater", 0.8),
             Claim("k1 in the loss ends as far from the reference as no KL (within 0.3 nats)",
                   difference("kl_reference", k1_loss, none), "within", margin=0.3,
-                  note="E[grad k1] = 0 under the sampling policy: only its noise acts."),
+                  note="On one draw from the current policy E[grad k1] = 0; under the sequence mean the weight "
+                       "1/|y| depends on the length, so it is near 0 rather than exactly 0, and mostly its noise "
+                       "acts."),
             Claim("k1 in the reward (beta 0.02) keeps the policy closer to the reference than no KL",
                   difference("kl_reference", none, k1_reward), "greater", 0.8),
             Claim("The ablation: k3 in the loss at beta 0.2 keeps the policy closer to the reference than no KL",
@@ -2240,8 +2261,9 @@ def build_parser():
                         help="run N seeds of every configuration, integer in [1, 100] (default: each experiment's "
                              f"own, {DEFAULT_SEEDS} for most; --list shows it)")
     parser.add_argument("--seed-start", type=int_flag(0, MAX_SEED_START), default=0,
-                        help=f"the first seed: seeds S..S+N-1, integer in [0, {MAX_SEED_START}] (default: 0); "
-                             "another start checks the claims on seeds nobody tuned on")
+                        help="the first seed: seeds S..S+N-1; another start checks the claims on seeds nobody "
+                             "tuned on; integer in [0, 2**63 - 101], so that every seed stays below 2**63 "
+                             "(default: 0)")
     parser.add_argument("--quick", action="store_true",
                         help=f"every run at its experiment's quick size ({QUICK_STEPS} iterations for the training "
                              "runs): the mechanism in seconds, not the effect; verdicts mean little (default: off)")

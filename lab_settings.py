@@ -162,6 +162,8 @@ def help_text(item):
         default = item.default_text
     elif item.default is None:
         default = "off"
+    elif item.kind == "bool" and item.action == "store_false":  # --no-X: "(default: on)" would read as "--no-X on"
+        default = "not given"
     elif item.kind == "bool":
         default = "on" if item.default else "off"
     else:

@@ -180,7 +180,9 @@ def _trl_group(s):
         if s["reduction"] == "token" and algorithm in ("grpo", "cispo"):
             differences.append("TRL's 'dapo' and 'cispo' divide by the token count of the whole generation batch "
                                "(all processes and accumulation steps): with one batch, the lab's token mean")
-        # TRL 1.16 multiplies k3 by the ratio by default (use_bias_correction_kl): another loss and gradient
+        # TRL 1.16 corrects k3 by default (use_bias_correction_kl: k3 times the ratio pi/pi_old, whose expected
+        # gradient is that of KL(pi || ref), the DeepSeek-V3.2 correction). The lab's loss is the uncorrected k3
+        # of the lesson and DeepSeekMath, so the map turns the correction off to compute the same loss.
         options["use_bias_correction_kl"] = False
         if s["kl_in"] == "loss":
             options["beta"] = s["beta"]
@@ -400,9 +402,11 @@ TABLE = [
     ("--algorithm sapo", "loss_type=\"sapo\", sapo_temperature_pos/neg", "policy_loss.loss_mode=sapo, actor.tau_pos/neg",
      "both fix the per-sequence mean: other --reduction values are unmatched"),
     ("--kl-estimator k3 --kl-in loss", "beta, use_bias_correction_kl=False", "actor.use_kl_loss, "
-     "kl_loss_type=low_var_kl", "TRL 1.16 multiplies k3 by the ratio unless told not to; verl clamps k3 to [-10, 10]"),
+     "kl_loss_type=low_var_kl", "TRL's default use_bias_correction_kl=True is the fix of k3's gradient (k3 times "
+     "the ratio: the gradient of KL(pi || ref); verl's k3+ does it too); the map turns it off to match the lab's "
+     "uncorrected k3 (the lesson's and DeepSeekMath's); verl clamps k3 to [-10, 10]"),
     ("--kl-estimator k1|k2", "none (GRPO's loss has k3 only)", "kl_loss_type=k1 | mse",
-     "k1 as a loss term has zero expected gradient"),
+     "k1 as a loss term has a near-zero expected gradient (exactly 0 on-policy with length-free weights)"),
     ("--kl-in reward", "RLOO only (k1 summed; RLOOConfig.beta)", "algorithm.use_kl_in_reward, kl_penalty",
      "verl adds it per token; RLOO with --kl-in loss has no TRL equivalent"),
     ("--mask-truncated", "mask_truncated_completions=True", "none", "truncated responses still count in the "
@@ -417,7 +421,8 @@ TABLE = [
     ("--algorithm ppo (per-token KL in the reward)", "none: TRL 1.16 has no PPO trainer",
      "adv_estimator=gae, use_kl_in_reward, clip_ratio_low/high, clip_ratio_c=1e9", "verl's lam defaults to 1.0"),
     ("--truncation bootstrap", "none", "none: next value 0", "the lab's own: a cut response "
-     "bootstraps V(state after the cap)"),
+     "bootstraps V(state after the cap); right only when the cut gets no verdict, and here the verifier scores it, "
+     "so terminal (TRL's and verl's treatment) is the consistent one"),
     ("--no-whiten / --value-clip", "none", "always whitens / critic.cliprange_value",
      "verl whitens with the unbiased variance and always clips the value loss"),
     ("--algorithm dpo --offline --dpo-loss sigmoid|ipo|hinge|robust", "DPOConfig(loss_type=...)", "none",

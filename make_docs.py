@@ -64,7 +64,10 @@ PROGRAMS = {
 }
 # The algorithm pages: each a content file docs/templates/algorithms/NAME.md with these sections, in the
 # skeleton's order (the skeleton gives every page the same headings).
-ALGORITHM_SECTIONS = ("title", "summary", "equations", "atom", "runs", "measured", "libraries", "papers")
+# The sections of each docs/templates/algorithms/*.md, in page order: the lesson first (background, key
+# equations derived, pseudocode, the lab's runs and numbers), then the reference (contract, libraries, papers)
+ALGORITHM_SECTIONS = ("title", "background", "equations", "pseudocode", "runs", "measured", "atom", "libraries",
+                      "papers")
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 ONLINE_RUNS = {"grpo": "results-online-grpo-sequence", "cispo": "results-online-cispo-sequence",
                "transformer": "results-online-transformer-grpo-sequence"}
@@ -78,29 +81,39 @@ ARXIV = re.compile(r"arXiv[ :]*([0-9]{4}\.[0-9]{4,5})")
 ARXIV_TITLES = {
     "1506.02438": "Schulman et al., High-Dimensional Continuous Control Using Generalized Advantage Estimation (GAE)",
     "1707.06347": "Schulman et al., Proximal Policy Optimization Algorithms (PPO)",
+    "1712.00378": "Pardo et al., Time Limits in Reinforcement Learning",
     "1802.01561": "Espeholt et al., IMPALA (V-trace: truncated importance sampling)",
     "1904.09751": "Holtzman et al., The Curious Case of Neural Text Degeneration (top-p sampling)",
+    "1909.08593": "Ziegler et al., Fine-Tuning Language Models from Human Preferences",
     "1912.09729": "Ye et al., Mastering Complex Control in MOBA Games with Deep RL (dual-clip PPO)",
     "2107.03374": "Chen et al., Evaluating Large Language Models Trained on Code (the pass@k estimator)",
-    "2203.02155": "Ouyang et al., Training language models to follow instructions with human feedback "
-                  "(InstructGPT)",
+    "2203.02155": "Ouyang et al., Training language models to follow instructions with human feedback (InstructGPT)",
     "2305.10425": "Zhao et al., SLiC-HF: Sequence Likelihood Calibration with Human Feedback",
     "2305.18290": "Rafailov et al., Direct Preference Optimization (DPO)",
+    "2309.06657": "Liu et al., Statistical Rejection Sampling Improves Preference Optimization (RSO)",
     "2310.12036": "Azar et al., A General Theoretical Paradigm to Understand Learning from Human Preferences (IPO)",
     "2402.03300": "Shao et al., DeepSeekMath (GRPO, the k3 KL term)",
-    "2402.14740": "Ahmadian et al., Back to Basics: Revisiting REINFORCE Style Optimization for Learning from "
-                  "Human Feedback in LLMs (RLOO)",
+    "2402.14740": "Ahmadian et al., Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human "
+                  "Feedback in LLMs (RLOO)",
     "2403.00409": "Chowdhury et al., Provably Robust DPO: Aligning Language Models with Noisy Feedback (rDPO)",
     "2405.14734": "Meng et al., SimPO: Simple Preference Optimization with a Reference-Free Reward",
+    "2501.17161": "Chu et al., SFT Memorizes, RL Generalizes: A Comparative Study of Foundation Model Post-training",
     "2503.14476": "Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
     "2503.20783": "Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO)",
-    "2504.13837": "Yue et al., Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond "
-                  "the Base Model?",
+    "2504.13837": "Yue et al., Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the "
+                  "Base Model?",
+    "2505.07291": "Prime Intellect Team, INTELLECT-2: A Reasoning Model Trained Through Globally Decentralized "
+                  "Reinforcement Learning (two-sided clip)",
+    "2505.17508": "Zhang et al., On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning (RPG)",
     "2506.09477": "Tang and Munos, On a Few Pitfalls in KL Divergence Gradient Estimation for RL",
     "2506.13585": "MiniMax, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (CISPO)",
     "2507.18071": "Zheng et al., Group Sequence Policy Optimization (GSPO)",
-    "2510.00977": "It Takes Two: Your GRPO Is Secretly DPO",
+    "2508.08221": "Liu et al., Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning (Lite PPO)",
+    "2510.00977": "Wu et al., It Takes Two: Your GRPO Is Secretly DPO",
+    "2510.13786": "Khatri et al., The Art of Scaling Reinforcement Learning Compute for LLMs (ScaleRL)",
     "2511.20347": "Gao et al., Soft Adaptive Policy Optimization (SAPO)",
+    "2512.02556": "DeepSeek-AI, DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
+    "2512.21852": "Shah et al., A Comedy of Estimators: On KL Regularization in RL Training of LLMs",
 }
 
 
@@ -829,7 +842,8 @@ def render_all(root=HERE):
             continue
         where = os.path.join(TEMPLATES, "algorithms", filename)
         parts = sections(read_text(root, where), where)
-        local = dict(names, section=lambda name, parts=parts, where=where: render(parts[name], names, where))
+        local = dict(names, section=lambda name, parts=parts, where=where: render(parts[name], names, where),
+                     algorithm=filename[:-len(".md")])
         page = f"docs/algorithms/{filename}"
         pages[page] = _finish(render(skeleton, local, f"{skeleton_path} for {where}"), page)
     learn = os.path.join(templates, "learn")  # the course: docs/learn/NAME.md for each learn/NAME.md

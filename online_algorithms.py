@@ -121,7 +121,8 @@ register_policy_loss("sapo", sapo_policy_loss, reads=("tau_pos", "tau_neg", "red
 register_preference_loss("sigmoid", dpo_loss, defaults={"dpo_beta": 0.5}, summary="DPO")
 # ipo's beta sets its target margin 1/(2 beta), the hinge's 1/beta: TRL's 0.1
 register_preference_loss("ipo", ipo_loss, defaults={"dpo_beta": 0.1}, summary="IPO")
-register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1}, summary="SLiC's hinge")
+register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1},
+                         summary="RSO's hinge on the relative margin")
 register_preference_loss("cdpo", cdpo_loss, reads={"label_smoothing": "label_smoothing"}, defaults={"dpo_beta": 0.5},
                          summary="DPO with label smoothing")
 register_preference_loss("robust", robust_dpo_loss, reads={"label_smoothing": "label_smoothing"},
@@ -318,9 +319,14 @@ class TokenPPO:
 
     def credit(self, batch):
         """Rewards: -beta * k1(old, ref) on every kept token, plus the verifier's reward on the last kept
-        token. A response that ends with EOS is terminated; one that hit max_new_tokens without EOS is a
-        time limit: terminated=False, boundary=True, bootstrapped from V(state after the cap)
-        (--truncation terminal treats it as terminal instead, as TRL and verl do). The kept tokens are
+        token. A response that ends with EOS is terminated; one that hit max_new_tokens without EOS is, by
+        default, a time limit: terminated=False, boundary=True, bootstrapped from V(state after the cap)
+        (--truncation terminal treats it as terminal instead, as TRL and verl do). The verifier scores a
+        cut response (its reward is paid on the last kept token), so the cap is part of the task and
+        terminal is the consistent treatment: bootstrapping as well counts the future twice. Bootstrapping
+        is right only where the cut is artificial and gets no verdict (Pardo et al., arXiv 1712.00378).
+        With --cap-value table the state after the cap is never trained and keeps value 0, so the default
+        gives terminal's numbers. The kept tokens are
         laid out response-major in one stream for `gae`, whose boundary flags stop each trace at its
         response's last token (PAD is never touched)."""
         cfg, mask = self.cfg, batch.mask.bool()

@@ -100,9 +100,11 @@ class OnlineConfig:
     # PPO
     gamma: float = setting(1.0, "discount", low=0.0, high=1.0, applies=("ppo",))
     gae_lambda: float = setting(0.95, "GAE lambda", low=0.0, high=1.0, applies=("ppo",))
-    truncation: str = setting("bootstrap", "a response cut at the cap bootstraps V(state after the cap) (the "
-                              "lab's time limit), or is terminal (TRL, verl)", choices=("bootstrap", "terminal"),
-                              applies=("ppo",))
+    truncation: str = setting("bootstrap", "a response cut at the cap bootstraps V(state after the cap), or is "
+                              "terminal (TRL, verl). The verifier scores a cut response, so the cap is part of the "
+                              "task and terminal is the right treatment here; bootstrap is right only where the cut "
+                              "gets no verdict (Pardo et al. 2018). With --cap-value table the two give the same "
+                              "numbers", choices=("bootstrap", "terminal"), applies=("ppo",))
     cap_value: str = setting("table", "the value of the state after the cap comes from its "
                              "own critic row (never visited: 0) or the last position's (shared)",
                              choices=("table", "shared"), applies=("ppo",), requires=("truncation", ("bootstrap",)),
@@ -114,7 +116,7 @@ class OnlineConfig:
     value_clip: float = setting(None, "clip the value update around the old values (PPO2)", low=0.0, high=100.0,
                                 low_open=True, optional=True, applies=("ppo",))
     # DPO
-    dpo_loss: str = setting("sigmoid", "sigmoid (DPO), ipo, hinge (SLiC), cdpo (label smoothing), robust (rDPO), "
+    dpo_loss: str = setting("sigmoid", "sigmoid (DPO), ipo, hinge (RSO), cdpo (label smoothing), robust (rDPO), "
                             "simpo (no reference, length-averaged)", choices=tuple(PREFERENCE_LOSSES),
                             applies=("dpo",))
     dpo_beta: float = setting(0.5, "beta of the loss", low=1e-6, high=100.0, applies=("dpo",),

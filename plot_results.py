@@ -1228,7 +1228,7 @@ def _check_experiment(settings, summary, curves, runs, where):
         for metric in metrics:
             if metric in row:
                 _check_cell(row, metric, f"{where}/runs.csv", line)
-    # every column a panel draws, and the step, is a finite number or empty on every row (README section 13)
+    # every column a panel draws, and the step, is a finite number or empty on every row
     columns = {column for panel in panels if panel.get("kind") == "curves"
                for column in panel["columns"] + [panel.get("x", "step")]}
     drawn = ["step"] + sorted(column for column in columns if curves and column in curves[0] and column != "step")

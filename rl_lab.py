@@ -1,6 +1,6 @@
 """RL post-training atoms and a one-step contextual bandit that trains PPO, DPO, GRPO and CISPO.
 
-    python rl_lab.py --algorithm atoms                  # print a hand-checkable value of every atom (JSON)
+    python rl_lab.py --algorithm atoms                  # print a hand-checkable value of every atom (text)
     python rl_lab.py --algorithm all                    # train all four, write results/{ppo,dpo,grpo,cispo}.{csv,json}
     python rl_lab.py --algorithm dpo --preference-flips 12 --output results-dpo-flips12
     python rl_lab.py --algorithm grpo --group-size 4 --grpo-prompts 32 --output results-grpo-g4
@@ -158,7 +158,9 @@ def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=N
         clipped = (A > 0 and ratio > 1 + eps_high) or (A < 0 and ratio < 1 - eps)
                   or, with dual_clip c, (A < 0 and ratio > c)
 
-    This is the count TRL (clip_ratio/region_mean) and verl (pg_clipfrac) log. A ratio outside the
+    Without dual_clip this is the count TRL (clip_ratio/region_mean) and verl (pg_clipfrac) log. With
+    dual_clip the lab also counts A < 0 with ratio > c here; verl logs that share apart
+    (pg_clipfrac_lower) and TRL has no dual-clip count. A ratio outside the
     range on the other side keeps the unclipped branch and its gradient, so the naive count
     |ratio - 1| > eps is larger. CISPO never zeroes a token (its weight is capped, the gradient kept).
 
@@ -247,12 +249,15 @@ def ipo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True
 
 @finite_result("chosen")
 def dpo_hinge_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
-    """Hinge preference loss, elementwise (the calibration loss of SLiC-HF, Zhao et al., arXiv 2305.10425).
+    """Hinge preference loss on the margin relative to the reference, elementwise (RSO's "hinge on the
+    normalized likelihood", Liu et al., arXiv 2309.06657; TRL's loss_type="hinge").
 
         loss = relu(1 - beta * margin)
 
     Zero once beta * margin >= 1, i.e. beyond a margin of 1/beta nats: pairs already separated stop
-    contributing. Arguments and errors as `dpo_loss`. TRL: DPOConfig(loss_type="hinge").
+    contributing. SLiC-HF's calibration loss (Zhao et al., arXiv 2305.10425) is a hinge too, but on the
+    raw log-probability margin (no reference) and with a cross-entropy regularizer. Arguments and errors
+    as `dpo_loss`. TRL: DPOConfig(loss_type="hinge").
     """
     return torch.relu(1.0 - _preference_margin(chosen, rejected, ref_chosen, ref_rejected, beta, check))
 
@@ -345,7 +350,8 @@ def group_advantages(rewards, epsilon=1e-8, scale="group", *, check=True):
 
     scale chooses the std (population std, dividing by G or by B*G):
     - "group": the row's own std (GRPO, the default);
-    - "batch": the std of all B*G rewards, so prompts keep their relative scale;
+    - "batch": the std of all B*G rewards, so prompts keep their relative scale (the group mean is
+      still subtracted: the "Lite PPO" recipe of "Tricks or Traps?", arXiv 2508.08221);
     - "none": no division, A = R - row mean (Dr. GRPO, arXiv 2503.20783, sec. 3.1: dividing by the
       group's std up-weights prompts that are almost always or almost never solved).
 
@@ -459,7 +465,8 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
       must not leak into the next, unrelated transition.
     A time limit is terminated=False, boundary=True with next_values_t = V(final observation):
     the episode could have gone on, so its value still counts (not the value after a reset).
-    terminated implies boundary.
+    terminated implies boundary. This is the time-limit distinction of Pardo et al., "Time Limits in
+    Reinforcement Learning" (arXiv 1712.00378): bootstrap only where the cut is not part of the task.
 
     Args:
         rewards, values, next_values: (T,) float, same dtype; values are V(s_t) and next_values are
@@ -504,7 +511,10 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
 
 @finite_result("logits")
 def categorical_kl(logits, reference_logits, *, check=True):
-    """Exact forward KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
+    """Exact KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
+
+    The trained policy comes first: in the RL literature and in TRL this is the reverse KL
+    (mode-seeking); KL(reference || policy) is the forward one.
 
         KL = sum_a p(a) * (log p(a) - log q(a))
 
@@ -546,9 +556,14 @@ def token_kl_penalty(policy_logps, ref_logps, *, check=True):
         delta = ref_logp - policy_logp
         kl_k3 = exp(delta) - delta - 1        (>= 0)
 
-    On tokens sampled from the policy: its mean is the exact KL(policy || ref) (unbiased, and lower
-    variance than k1), and its expected GRADIENT is the gradient of KL(ref || policy), the other
-    direction (arXiv 2506.09477). On tokens drawn from another distribution it is biased.
+    On tokens sampled from the policy: its mean is the exact KL(policy || ref) (unbiased; lower
+    variance than k1 near the reference only: far from it k3 can spread more, see the atlas's
+    kl-estimators). For one categorical draw from the current policy, its expected GRADIENT is the
+    gradient of KL(ref || policy), the other direction (arXiv 2506.09477). For a sequence, a per-token
+    loss term gives only a partial gradient of the sequence KL (Tang and Munos' second pitfall); the
+    KL folded into the reward gives the exact one. On tokens drawn from another distribution (pi_old
+    from the second pass on) it is biased; TRL's use_bias_correction_kl (on by default) multiplies it
+    by the ratio pi/pi_old, which makes its expected gradient that of KL(policy || ref).
     Args:
         policy_logps: (...) float log-probs (nats) of the taken tokens; gradient flows through it.
         ref_logps: same shape and dtype, the frozen reference; detached here.
@@ -575,9 +590,13 @@ def kl_k1(policy_logps, ref_logps, *, check=True):
     Divergence", 2020).
 
     On tokens sampled from the policy: its mean is the exact KL(policy || ref) (unbiased, but high
-    variance and often negative per token); its expected GRADIENT is 0, since E[grad log policy] = 0:
-    as a loss term it does not pull toward the reference at all (arXiv 2506.09477). It does work when
-    folded into the reward, where the policy gradient multiplies it by grad log policy.
+    variance and often negative per token). On tokens drawn from the current policy and summed with
+    weights that do not depend on the length (sum or constant reduction), its expected GRADIENT is
+    0, since E[grad log policy] = 0: as a loss term it does not pull toward the reference
+    (arXiv 2506.09477). Under the per-sequence mean the weight 1/|y| depends on later tokens, so it
+    is near 0, not exactly 0; from the second pass on the samples come from pi_old and it pulls toward
+    pi_old. It does work when folded into the reward, where the policy gradient multiplies it by
+    grad log policy.
     Args, errors: as `token_kl_penalty` (the difference overflows only beyond about 9e307 nats).
     TRL: RLOOConfig.beta, the reward KL summed over the response; verl: kl_penalty / kl_loss_type "k1".
     """
@@ -590,8 +609,9 @@ def kl_k2(policy_logps, ref_logps, *, check=True):
     """k2 = 0.5 * (policy_logp - ref_logp) ** 2 per token (Schulman, "Approximating KL Divergence", 2020).
 
     On tokens sampled from the policy: its mean is biased (about KL when the two are close, >= 0 per
-    token, low variance); its expected GRADIENT is exactly the gradient of KL(policy || ref)
-    (arXiv 2506.09477), which makes it the estimator whose gradient matches the KL it names.
+    token, low variance). For one categorical draw from the current policy, its expected GRADIENT is
+    exactly the gradient of KL(policy || ref) (arXiv 2506.09477). For a sequence, a per-token k2 loss
+    gives only a partial gradient of the sequence KL; the KL in the reward gives the exact one.
     Args, errors: as `token_kl_penalty`; the square overflows where |policy - ref| exceeds about 1.9e154
     nats in float64 (about 362 in float16), a ValueError naming policy_logps.
     verl: kl_loss_type / kl_penalty "mse" (k2); TRL: none.
@@ -852,10 +872,11 @@ def cispo_policy_loss(
     policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
     reduction="sequence", max_new_tokens=None, *, kl_estimator=token_kl_penalty, importance_weights=None, check=True,
 ):
-    """CISPO token loss (MiniMax-M1, arXiv 2506.13585, sec. 3.1, eq. 4; MiniMind train_grpo.py).
+    """CISPO (Clipped IS-weight Policy Optimization) token loss, in the MiniMind lesson's variant
+    (train_grpo.py) of MiniMax-M1's objective (arXiv 2506.13585, sec. 3.1).
 
         ratio    = exp(policy_logp - old_logp)
-        weight   = sg(min(ratio, epsilon_high))                         # detached, capped
+        weight   = sg(min(ratio, epsilon_high))                         # sg: stop-gradient (detached), capped
         per_tok  = -(weight * A * policy_logp - beta * kl)
         loss     = reduce_token_loss(per_tok, completion_mask, reduction)
 
@@ -863,6 +884,12 @@ def cispo_policy_loss(
     cap bounds the weight, it does not drop the token. Its value is a REINFORCE-style weighted
     log-likelihood, not a surrogate of the objective: do not compare it with the GRPO loss value.
     At ratio 1 with nothing capped its gradient equals GRPO's.
+
+    The paper's form is token-level (one mean over all the batch's tokens, DAPO's normalization) with
+    no KL term; the per-sequence mean and the KL term (the defaults reduction="sequence", beta=0.1)
+    are the lesson's. With reduction="token" and beta=0 the gradient is the paper's. The paper clips
+    the weight to [1 - eps_low, 1 + eps_high]; the absolute cap (default 5.0) is ScaleRL's (Khatri et
+    al., arXiv 2510.13786), as in TRL.
 
     Args:
         as `grpo_policy_loss`; epsilon_high > 0 is an ABSOLUTE cap on the ratio (not 1 + eps).
@@ -974,8 +1001,9 @@ def sapo_policy_loss(
 
     d gate / d r = 4 * sigmoid'(tau (r - 1)) equals 1 at r = 1, so on-policy the gradient is GRPO's;
     as r leaves 1 the gradient fades smoothly (a bell around r = 1) instead of dropping to 0 at the
-    clip edge. tau_neg > tau_pos fades tokens with A < 0 faster, the side where large ratios are
-    the most unstable.
+    clip edge. tau_neg > tau_pos fades tokens with A < 0 faster: the paper's reason is that a
+    negative-advantage update raises the logits of many unsampled tokens, spreading probability over
+    the vocabulary, so those gradients should decay sooner.
 
     Args:
         as `grpo_policy_loss`, with tau_pos, tau_neg in [SAPO_MIN_TAU, 1e6] in place of the clip range.
@@ -1111,9 +1139,9 @@ DPO_COLUMNS = COLUMNS + ["dpo_training_loss", "dpo_clean_loss"]
 def reward_table(sparse=False, shift=0.0):
     """(X=4, A=3) float64 reward table R(x, a) of the bandit (rows = contexts).
 
-    The article's section 10.3 proposes two variants: sparse=True pays 1 for each context's best action
-    and 0 for the others; shift adds a constant to every reward (a group-relative advantage does not
-    move, a critic's target does).
+    The article this lab accompanies (docs/sources.md) proposes two variants: sparse=True pays 1 for each
+    context's best action and 0 for the others; shift adds a constant to every reward (a group-relative
+    advantage does not move, a critic's target does).
     """
     table = torch.tensor(
         [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]], dtype=DTYPE, device=DEVICE
@@ -1228,8 +1256,8 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
     """Train one algorithm on the bandit; return (rows, settings).
 
     reward_shift (a constant added to every reward, in [-100, 100]) and sparse_rewards (1 for the best
-    action, 0 otherwise) are the two variants of the article's section 10.3; the defaults are the
-    article's table.
+    action, 0 otherwise) are the two variants the accompanying article proposes (docs/sources.md); the
+    defaults are the article's table.
 
     rows: list of dicts with the CSV columns (row 0 = initial evaluation), one per outer iteration.
     settings: the hyperparameters that apply to this algorithm, the seed, versions and (DPO) the
@@ -1688,10 +1716,11 @@ def build_parser():
                         help="DPO only: number of the 12 offline pairs whose chosen/rejected are swapped for the "
                              "whole run, integer in [0, 12]; with 'all' it applies to dpo alone")
     parser.add_argument("--reward-shift", type=float_flag(-100.0, 100.0), default=0.0,
-                        help="a constant added to every reward (section 10.3 of the article: GRPO's advantages do "
-                             "not move, PPO's critic must relearn), number in [-100, 100]")
+                        help="a constant added to every reward: GRPO's advantages do not move, PPO's critic must "
+                             "relearn (an extension the accompanying article proposes), number in [-100, 100]")
     parser.add_argument("--sparse-rewards", action="store_true",
-                        help="reward 1 for each context's best action and 0 otherwise (section 10.3)")
+                        help="reward 1 for each context's best action and 0 otherwise (the article's other "
+                             "extension)")
     parser.add_argument("--json", action="store_true",
                         help="with --algorithm atoms: print the values as JSON instead of the compact text")
     parser.add_argument("--output", default="results",

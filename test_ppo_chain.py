@@ -26,7 +26,7 @@ t = float64
 # Two-step chain (ppo_chain.py)
 # ---------------------------------------------------------------------------------------------
 
-CHAIN_REFERENCE_EXPECTED_RETURN = 0.9995921742541397  # SPEC section 4, seed 7, 120 steps, lambda 0.95
+CHAIN_REFERENCE_EXPECTED_RETURN = 0.9995921742541397  # the chain's published run: seed 7, 120 steps, lambda 0.95
 CHAIN_REFERENCE_LEFT_PROBABILITY = 0.9997095339889668
 CHAIN_LEARNING_SEEDS = (0, 7, 19)
 CHAIN_LEARNING_STEPS = 80
@@ -81,7 +81,7 @@ class ChainRollout(unittest.TestCase):
         logits = [[0.3, -0.2], [1.0, 0.0], [-0.5, 0.5]]
         actor, critic = chain_tables(logits=logits)
         batch = ppo_chain.rollout(actor, critic, torch.Generator().manual_seed(11), episodes=32)
-        # the same stream consumed in the SPEC's order: one multinomial call per step index
+        # the same stream consumed in the rollout's documented order: one multinomial call per step index
         generator = torch.Generator().manual_seed(11)
         probs = torch.softmax(actor, dim=-1)
         first = torch.multinomial(probs[torch.zeros(32, dtype=torch.long)], 1, generator=generator).squeeze(1)

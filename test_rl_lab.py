@@ -721,7 +721,7 @@ class ExtremeInput(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
-# The field's variants (SPEC section 7)
+# The field's variants: the atoms added after the seed algorithms (clip-higher, dual-clip, RLOO, ...)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -735,11 +735,12 @@ def enumerate_gradient(estimator, logits, ref_logp):
     return gradient
 
 
-def exact_kl_gradient(logits, ref_logp, forward=True):
-    """grad of the exact KL(pi || ref) (forward=True) or KL(ref || pi) w.r.t. pi's logits."""
+def exact_kl_gradient(logits, ref_logp, pi_first=True):
+    """grad of the exact KL(pi || ref) (pi_first=True: the reverse KL) or KL(ref || pi) (the forward KL)
+    w.r.t. pi's logits."""
     logits = logits.clone().requires_grad_(True)
     logp = F.log_softmax(logits, dim=-1)
-    kl = (logp.exp() * (logp - ref_logp)).sum() if forward else (ref_logp.exp() * (ref_logp - logp)).sum()
+    kl = (logp.exp() * (logp - ref_logp)).sum() if pi_first else (ref_logp.exp() * (ref_logp - logp)).sum()
     (gradient,) = torch.autograd.grad(kl, logits)
     return gradient
 
@@ -865,15 +866,15 @@ class KLEstimators(unittest.TestCase):
         self.assertTrue(bool((kl_k1(logp, self.ref_logp) < 0).any()))  # k1 goes negative per token
         self.assertTrue(bool((token_kl_penalty(logp, self.ref_logp) >= 0).all()))
 
-    def test_expected_gradients_k1_zero_k2_forward_kl_k3_reverse_kl(self):
+    def test_expected_gradients_on_one_draw_k1_zero_k2_kl_pi_ref_k3_kl_ref_pi(self):
         for near in (False, True):
             with self.subTest(near=near):
                 logits = self.logits * (0.1 if near else 1.0)
                 self.assertLess(enumerate_gradient(kl_k1, logits, self.ref_logp).abs().max().item(), 1e-15)
                 torch.testing.assert_close(enumerate_gradient(kl_k2, logits, self.ref_logp),
-                                           exact_kl_gradient(logits, self.ref_logp, forward=True), rtol=0, atol=1e-14)
+                                           exact_kl_gradient(logits, self.ref_logp, pi_first=True), rtol=0, atol=1e-14)
                 torch.testing.assert_close(enumerate_gradient(token_kl_penalty, logits, self.ref_logp),
-                                           exact_kl_gradient(logits, self.ref_logp, forward=False), rtol=0, atol=1e-14)
+                                           exact_kl_gradient(logits, self.ref_logp, pi_first=False), rtol=0, atol=1e-14)
                 # and the two directions differ here, so the identities say something
                 difference = exact_kl_gradient(logits, self.ref_logp) - exact_kl_gradient(logits, self.ref_logp, False)
                 self.assertGreater(difference.abs().max().item(), 1e-4)
@@ -1135,7 +1136,7 @@ class Bandit(unittest.TestCase):
                 self.assertEqual([row["optimizer_steps"] for row in rows], [0, 1, 2, 3, 4])
                 self.assertGreater(rows[-1]["old_policy_kl"], 1e-12)
 
-    def test_early_stop_statistic_is_forward_kl_from_old_over_all_four_contexts(self):
+    def test_early_stop_statistic_is_kl_old_current_over_all_four_contexts(self):
         old = t([[0.0, 1.0, -1.0], [0.5, 0.0, 0.0], [0.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
         current = t([[1.0, 0.0, -1.0], [0.0, 0.0, 0.5], [0.3, 0.0, 1.0], [-1.0, 0.5, 1.0]], requires_grad=True)
         expected = 0.0
@@ -1143,7 +1144,7 @@ class Bandit(unittest.TestCase):
             p = [math.exp(v) for v in old[row].tolist()]
             q = [math.exp(v) for v in current[row].tolist()]
             p, q = [v / sum(p) for v in p], [v / sum(q) for v in q]
-            expected += sum(pi * math.log(pi / qi) for pi, qi in zip(p, q)) / 4  # KL(old || current), not reverse
+            expected += sum(pi * math.log(pi / qi) for pi, qi in zip(p, q)) / 4  # KL(old || current), not the other way
         reverse = 0.0
         for row in range(4):
             p = [math.exp(v) for v in current[row].tolist()]

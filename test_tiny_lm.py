@@ -1,5 +1,5 @@
 """Tests of tiny_lm.py: the model against a hand-written reference, masks and padding, the loss mask,
-the KV-cache sampler, lower-precision sampling, and a does-it-learn check (SPEC section 8).
+the KV-cache sampler, lower-precision sampling, and a does-it-learn check.
 
     python -m unittest -v test_tiny_lm
 """

@@ -1,5 +1,5 @@
 """Tests of token_objectives.py: the causal shift, EOS/PAD, the reductions, the one-step facts of
-SPEC section 5, the lesson's trace, and the CLI.
+each objective, the lesson's trace, and the CLI.
 
     python -m unittest -v test_token_objectives
 """
@@ -173,7 +173,7 @@ class TokenObjectives(unittest.TestCase):
         self.assertIsNone(reference.grad)
         self.assertGreater(actor.grad.abs().max().item(), 1e-3)
 
-    # --- the facts of SPEC section 5 ------------------------------------------------------------
+    # --- the one-step facts of each objective ------------------------------------------------------------
 
     def test_one_sgd_step_reproduces_the_published_facts(self):
         report = token_report()

@@ -10,7 +10,7 @@
 Read it like nanoGPT's model.py, top to bottom: the config, the one place the attention mask is built,
 the blocks (attention, MLP), the model, then what RL needs around it: scoring completions (log-probs,
 entropy, values, with the causal shift) and sampling them (temperature, top-p, a KV cache, a lower
-precision). Everything is SPEC section 8.
+precision).
 
 Shape notation: N sequences, T positions (P prompt positions, R = max_new_tokens), V vocabulary,
 D width (d_model), H heads, Dh = D / H per head. Masks are bool or 0/1 integer tensors, 1 = a real token.
@@ -499,7 +499,7 @@ def completion_scores(model, input_ids, attention_mask, completion_mask, *, temp
 
 
 def completion_log_probs(model, input_ids, attention_mask, completion_mask, *, temperature=1.0, position_ids=None):
-    """(N, T-1) log-prob of token t+1 given tokens <= t, 0 where completion_mask[:, 1:] is 0 (SPEC 8).
+    """(N, T-1) log-prob of token t+1 given tokens <= t, 0 where completion_mask[:, 1:] is 0.
 
     Gradient flows only through kept entries. Arguments and errors as `completion_scores`; the same
     numbers as rl_lab.response_token_logps on the model's logits.
@@ -567,7 +567,7 @@ def _check_generate_args(model, input_ids, attention_mask, max_new_tokens, eos_i
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens, *, eos_id, pad_id, temperature=1.0, top_p=1.0,
              generator=None, use_cache=True, dtype=None):
-    """Sample one completion per left-padded prompt, token by token (SPEC 8). No gradient.
+    """Sample one completion per left-padded prompt, token by token. No gradient.
 
     Args:
         model: a TinyLM; it is left unchanged (its train/eval mode restored, dropout off while sampling).

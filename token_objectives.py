@@ -73,8 +73,8 @@ RESPONSE_MASK = ((False, False, True, True, False), (False, False, True, True, T
 REWARDS = (1.0, 0.0)
 MAX_EXTRA_PADDING = 4096
 
-# The objective hyperparameters of SPEC section 5, restated here (not imported from the bandit) so that
-# the published facts do not move if the bandit is ever retuned.
+# The objective hyperparameters of the token objectives (docs/token-objectives.md), restated here (not
+# imported from the bandit) so that the published facts do not move if the bandit is ever retuned.
 DPO_BETA = 0.5
 CLIP_EPSILON = 0.2
 KL_BETA = 0.03  # weight of the exact categorical KL to the reference (replaces the sampled k3 estimate)
@@ -86,7 +86,7 @@ PADDING_CHECK_COLUMNS = 4  # the report also shows that 4 appended PAD columns c
 
 
 def fixture(extra_padding=0):
-    """The two fixed answers of SPEC section 5, optionally with extra PAD columns on the right.
+    """The two fixed answers of the token objectives, optionally with extra PAD columns on the right.
 
         input_ids     [[0,1,2,4,4], [0,1,3,3,4]]      BOS prompt good EOS PAD / BOS prompt bad bad EOS
         response_mask [[F,F,T,T,F], [F,F,T,T,T]]      the real EOS is scored, the PAD is not
@@ -271,7 +271,7 @@ def _settings():
 @training_mode()  # the SGD steps need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)
 def run():
-    """Part 1: the facts of SPEC section 5 plus the lesson trace; returns a JSON-ready dict.
+    """Part 1: the one-step facts of each objective plus the lesson trace; returns a JSON-ready dict.
 
     Keys: `settings`; `alignment` (lengths, sequence/mean/token logps, advantages, valid);
     `eos_pad_bug` (the `mask & (ids != 4)` mask and what it changes); `reduction` (per-response vs
