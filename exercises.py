@@ -443,12 +443,11 @@ def build_parser():
                     "the lab's own cases (check), then train the bandit and the online task with them (train).",
     )
     parser.add_argument("command", choices=("start", "check", "train"), metavar="{start,check,train}",
-                        help="start: write the stubs; check: grade them; train: train with the ones that pass "
-                             "(default: none, required)")
+                        help="start: write the stubs; check: grade them; train: train with the ones that pass")
     parser.add_argument("--file", default=DEFAULT_FILE,
                         help=f"the learner's file; start refuses to replace an existing path (default: {DEFAULT_FILE})")
     parser.add_argument("--atom", choices=tuple(BY_NAME), metavar="NAME",
-                        help="check: grade this atom only, one of " + ", ".join(BY_NAME) + " (default: every atom)")
+                        help="check: grade this one atom only, by the lab's name of it (default: every atom)")
     parser.add_argument("--steps", type=int_flag(1, 1000), default=BANDIT_STEPS,
                         help=f"train: bandit iterations per algorithm, in [1, 1000] (default: {BANDIT_STEPS})")
     parser.add_argument("--online-steps", type=int_flag(1, 1000), default=ONLINE_STEPS,

@@ -139,7 +139,19 @@ class ReinforceLoss(unittest.TestCase):
             reinforce_loss([-1.0], t([1.0]))
 
 
-class DPOLoss(unittest.TestCase):
+class ExerciseCases(unittest.TestCase):
+    """The course's exercise cases (exercise_cases.py) are also the atoms' tests: one set, no copy."""
+
+    def test_every_atom_passes_every_case_of_its_exercise(self):
+        import exercise_cases
+
+        for exercise in exercise_cases.EXERCISES:
+            for case in exercise.cases:
+                with self.subTest(atom=exercise.name, case=case.name):
+                    self.assertIsNone(exercise_cases.failure(case, exercise.solution))
+
+
+
     def test_ln2_at_reference_with_nonzero_gradient(self):
         chosen = t([-2.0], requires_grad=True)
         rejected = t([-2.0], requires_grad=True)
