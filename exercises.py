@@ -1,7 +1,7 @@
 """The course's exercises: write the lab's atoms yourself, have them graded, then train with them.
 
     python exercises.py start                       # writes my_atoms.py: one stub per exercise, in the course's order
-    python exercises.py check                       # grades my_atoms.py: one line per atom (passed, not started, failed)
+    python exercises.py check                       # grades my_atoms.py: one line per atom
     python exercises.py check --atom gae            # one atom
     python exercises.py train                       # the bandit (and the online task) with your passing atoms
 
@@ -41,7 +41,14 @@ import online_tokens  # noqa: E402
 import rl_lab  # noqa: E402
 from exercise_cases import BY_NAME, EXERCISES, failure  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, input_file_problem, int_flag, one_line, output_file_problem, run_cli  # noqa: E402
+from lab_io import (  # noqa: E402
+    OneLineErrorParser,
+    input_file_problem,
+    int_flag,
+    one_line,
+    output_file_problem,
+    run_cli,
+)
 
 DEFAULT_FILE = "my_atoms.py"
 BANDIT_STEPS = 60  # a short run: the lab's four algorithms are above 0.97 expected reward by then
@@ -331,8 +338,12 @@ def learns_threshold(start_value):
 
 def _counted(name, function, calls):
     """`function` counting its calls in calls[name]; a `check` keyword it does not take is dropped."""
-    takes_check = "check" in inspect.signature(function).parameters or any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in inspect.signature(function).parameters.values())
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): pass `check` as given
+        parameters = {"check": None}
+    takes_check = "check" in parameters or any(
+        getattr(parameter, "kind", None) is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
 
     @functools.wraps(function)
     def call(*args, **kwargs):

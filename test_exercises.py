@@ -241,7 +241,8 @@ class Cases(unittest.TestCase):
         compare = exercise_cases.compare
         self.assertIsNone(compare(torch.tensor([1, 0]), torch.tensor([1.0, 0.0], dtype=torch.float64)))
         self.assertIn("shape", compare(torch.tensor(1.0), torch.tensor([1.0])))
-        self.assertEqual(compare(torch.tensor([1e-12]), torch.tensor([0.0]), exact=True), "differs (exact values expected)")
+        self.assertEqual(compare(torch.tensor([1e-12]), torch.tensor([0.0]), exact=True),
+                         "differs (exact values expected)")
         self.assertIsNone(compare(torch.tensor([1e-12]), torch.tensor([0.0])))
         self.assertEqual(compare(0.64, 0.7), "differs")
         self.assertIn("tuple", compare(torch.tensor([1.0]), (torch.tensor([1.0]), torch.tensor([True]))))
