@@ -60,7 +60,7 @@ PROGRAMS = {
     "rl_lab.py": "rl_lab", "ppo_chain.py": "ppo_chain", "token_objectives.py": "token_objectives",
     "online_tokens.py": "online_tokens", "sft.py": "sft", "experiments.py": "experiments",
     "plot_results.py": "plot_results", "bench.py": "bench", "library_map.py": "library_map",
-    "bridge.py": "bridge", "make_docs.py": "make_docs",
+    "bridge.py": "bridge", "exercises.py": "exercises", "make_docs.py": "make_docs",
 }
 # The algorithm pages: each a content file docs/templates/algorithms/NAME.md with these sections, in the
 # skeleton's order (the skeleton gives every page the same headings).

@@ -151,6 +151,35 @@ def clipped_policy_loss(logp, old_logp, advantages, epsilon=0.2, epsilon_high=No
     return loss
 
 
+@finite_result("logp")
+def reinforce_loss(logp, advantages, *, check=True):
+    """The REINFORCE policy-gradient loss, elementwise, to MINIMIZE (Williams 1992, REINFORCE).
+
+        loss = -A * logp            gradient: -A * grad(logp), the score-function estimator
+
+    Williams, "Simple statistical gradient-following algorithms for connectionist reinforcement
+    learning", Machine Learning 8, 1992: the REINFORCE rule with a baseline folded into A.
+
+    Its value means nothing by itself (it is not the expected reward); its gradient does. On the
+    first pass over a batch (logp == old_logp) the gradient equals `clipped_policy_loss`'s: PPO only
+    changes what happens once the policy has moved.
+
+    Args:
+        logp: (...) float, log-probabilities (nats) of the taken actions under the current policy;
+            gradient flows through it.
+        advantages: (...) same shape and dtype; detached here: the advantage scales the step, it is
+            not itself trained (a critic behind it must not be moved by the actor's loss).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) per-element loss, no reduction.
+    Raises:
+        ValueError naming the argument for a non-tensor, empty, non-finite or mismatched shape/dtype.
+    """
+    if check:
+        check_matching([("logp", logp), ("advantages", advantages)])
+    return -_constant(advantages) * logp
+
+
 @finite_result("ratio")
 def clip_fraction(ratio, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
     """Share of elements whose policy-gradient term PPO-Clip zeroes: the lab's `clip_fraction`.
@@ -1521,6 +1550,17 @@ def atomic_demo():
         "ratio": [1.5, 0.5, 1.5, 0.5], "advantages": adv.tolist(), "loss": _rounded(loss.tolist()),
         "grad_logp": _rounded(logp.grad.tolist()),
         "reading": "ratio 1.5 A+1 and ratio 0.5 A-1 are clipped (zero gradient); the other two keep their gradient",
+    }
+
+    # REINFORCE: -A * logp; its gradient -A is the clipped loss's on the first pass (ratio 1)
+    logp = t([-1.0, -2.0], requires_grad=True)
+    adv = t([2.0, -1.0])
+    loss = reinforce_loss(logp, adv)
+    loss.sum().backward()
+    demo["reinforce_loss"] = {
+        "logp": [-1.0, -2.0], "advantages": adv.tolist(), "loss": _rounded(loss.tolist()),
+        "grad_logp": _rounded(logp.grad.tolist()),
+        "reading": "the gradient is -A, the same as clipped_policy_loss's while logp == old_logp",
     }
 
     # DPO at policy == reference: ln 2, and the gradient pushes chosen up and rejected down

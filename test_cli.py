@@ -14,6 +14,7 @@ import unittest
 from dataclasses import dataclass, field
 
 import bench
+import exercises
 import experiments
 import library_map
 import make_docs
@@ -120,6 +121,14 @@ PROGRAMS = {
     ], writes=False),
     "library_map.py": Program(library_map.main, library_map.build_parser, None, "none", [("--x", ["--x"])],
                               writes=False),
+    "exercises.py": Program(exercises.main, exercises.build_parser, None, "none", [
+        ("{start,check,train}", ["begin"]), ("{start,check,train}", []),
+        ("--atom", ["check", "--atom", "ppo"]), ("--atom", ["train", "--atom", "gae"]),
+        ("--file", ["check", "--file", os.path.join(tempfile.gettempdir(), "rl-lab-no-such-atoms.py")]),
+        ("--file", ["start", "--file", os.curdir]),  # an existing path: start never replaces one
+        ("--steps", ["train", "--steps", "0"]), ("--online-steps", ["train", "--online-steps", "1001"]),
+        ("--steps", ["check", "--steps", "5"]),  # a flag of train only
+    ], writes=False),
     "make_docs.py": Program(make_docs.main, make_docs.build_parser, None, "none", [("--check", ["--check=yes"])],
                             writes=False),
 }

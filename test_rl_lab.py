@@ -40,6 +40,7 @@ from rl_lab import (
     kl_k2,
     overlong_penalty,
     reduce_token_loss,
+    reinforce_loss,
     response_logps,
     response_token_logps,
     rloo_advantages,
@@ -106,7 +107,51 @@ class ClippedPolicyLoss(unittest.TestCase):
         self.assertIsNotNone(logp.grad)
 
 
-class DPOLoss(unittest.TestCase):
+class ReinforceLoss(unittest.TestCase):
+    def test_hand_values_and_gradient_are_minus_the_advantage(self):
+        logp = t([-1.0, -2.0, -0.5], requires_grad=True)
+        advantages = t([2.0, -1.0, 0.0], requires_grad=True)
+        loss = reinforce_loss(logp, advantages)
+        # -A * logp: -2*-1 = 2, -(-1)*-2 = -2, 0 (no reduction)
+        torch.testing.assert_close(loss, t([2.0, -2.0, 0.0]), rtol=0, atol=0)
+        loss.sum().backward()
+        torch.testing.assert_close(logp.grad, t([-2.0, 1.0, 0.0]), rtol=0, atol=0)
+        self.assertIsNone(advantages.grad)  # detached: the advantage scales the step, it is not trained
+
+    def test_gradient_equals_the_clipped_loss_gradient_on_the_first_pass(self):
+        generator = torch.Generator().manual_seed(11)
+        start = torch.randn(20, generator=generator, dtype=DTYPE)
+        advantages = torch.randn(20, generator=generator, dtype=DTYPE)
+        grads = []
+        for atom in (lambda logp: reinforce_loss(logp, advantages),
+                     lambda logp: clipped_policy_loss(logp, start.clone(), advantages)):
+            logp = start.clone().requires_grad_()
+            atom(logp).sum().backward()
+            grads.append(logp.grad)
+        # at logp == old_logp the ratio is 1 and d ratio / d logp = 1: both are -A
+        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-15)
+        torch.testing.assert_close(grads[0], -advantages, rtol=0, atol=0)
+
+    def test_bad_arguments_are_named(self):
+        with self.assertRaisesRegex(ValueError, "advantages"):
+            reinforce_loss(t([-1.0, -2.0]), t([1.0]))
+        with self.assertRaisesRegex(ValueError, "logp"):
+            reinforce_loss([-1.0], t([1.0]))
+
+
+class ExerciseCases(unittest.TestCase):
+    """The course's exercise cases (exercise_cases.py) are also the atoms' tests: one set, no copy."""
+
+    def test_every_atom_passes_every_case_of_its_exercise(self):
+        import exercise_cases
+
+        for exercise in exercise_cases.EXERCISES:
+            for case in exercise.cases:
+                with self.subTest(atom=exercise.name, case=case.name):
+                    self.assertIsNone(exercise_cases.failure(case, exercise.solution))
+
+
+
     def test_ln2_at_reference_with_nonzero_gradient(self):
         chosen = t([-2.0], requires_grad=True)
         rejected = t([-2.0], requires_grad=True)
@@ -1279,6 +1324,7 @@ class Bandit(unittest.TestCase):
         demo = rl_lab.atomic_demo()
         self.assertEqual(demo["gae"]["advantages_gamma1_lam1"], [1.0, 1.0, 1.0])
         self.assertEqual(demo["clipped_policy_loss"]["grad_logp"], [0.0, 0.0, 1.5, -0.5])
+        self.assertEqual(demo["reinforce_loss"]["grad_logp"], [-2.0, 1.0])
         self.assertEqual(demo["dpo_loss"]["loss_at_reference"], round(math.log(2), 12))
         self.assertEqual(demo["group_advantages"]["advantages"][1], [0.0] * 4)
         self.assertEqual(demo["kl"]["kl_exact"], demo["kl"]["kl_k3_expected_under_policy"])

@@ -1,0 +1,491 @@
+"""The course's exercises: write the lab's atoms yourself, have them graded, then train with them.
+
+    python exercises.py start                       # writes my_atoms.py: one stub per exercise, in the course's order
+    python exercises.py check                       # grades my_atoms.py: one line per atom
+    python exercises.py check --atom gae            # one atom
+    python exercises.py train                       # the bandit (and the online task) with your passing atoms
+
+Each exercise is one atom of rl_lab.py (pass_at_k: countdown.py), with the same name and signature.
+The cases that grade it are the ones that test the lab's own atom (exercise_cases.py): hand-computed
+values, slow references, invariants and gradient checks, each with a hint that names the usual
+mistake and the chapter's section that explains it. The solutions are the lab's atoms.
+
+`check` imports the learner's file in this process (it never runs it as a script) and reports, per
+atom, `passed (N cases)`, `not started` (the stub still raises NotImplementedError) or the first
+failing case. `train` puts the atoms that pass `check` in place of the lab's for the duration of
+each run, and prints each run's result beside the lab's own run.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
+    from lab_start import exit_quietly_on_signals
+
+    exit_quietly_on_signals()
+
+import argparse  # noqa: E402
+import ast  # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import inspect  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+import online_algorithms  # noqa: E402
+import online_tokens  # noqa: E402
+import rl_lab  # noqa: E402
+from exercise_cases import BY_NAME, EXERCISES, failure  # noqa: E402
+from lab_checks import torch_threads  # noqa: E402
+from lab_io import (  # noqa: E402
+    OneLineErrorParser,
+    input_file_problem,
+    int_flag,
+    one_line,
+    output_file_problem,
+    run_cli,
+)
+
+DEFAULT_FILE = "my_atoms.py"
+BANDIT_STEPS = 60  # a short run: the lab's four algorithms are above 0.97 expected reward by then
+ONLINE_STEPS = 30  # the online task's success probability passes 0.98 by then
+SEED = 7
+SHOWN_CHARACTERS = 160  # an input or a value longer than this is cut in a report line
+
+# ---------------------------------------------------------------------------------------------
+# start: the learner's file
+# ---------------------------------------------------------------------------------------------
+
+HEADER = '''"""My atoms: one stub per exercise of the course (docs/learn/), in the chapters' order.
+
+    python exercises.py check --file {file}              # grade every atom written so far
+    python exercises.py check --file {file} --atom gae   # one atom
+    python exercises.py train --file {file}              # train the bandit with the atoms that pass
+
+Replace each `raise NotImplementedError` by your code; a stub left as it is counts as not started.
+Each function has the name and the signature of the lab's atom. The solutions are rl_lab.py's atoms
+(pass_at_k: countdown.py's): read them after you have tried.
+
+Shapes: B prompts or sequences, G group size, N responses, T tokens or time steps, R response
+positions, V vocabulary, A actions. Tensors are float64, log-probabilities are in nats. The keyword
+`check` is the lab's switch for validating arguments: you may ignore it.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from rl_lab import token_kl_penalty  # the lab's k3: cispo_policy_loss's default estimator, as in the lab
+'''
+
+
+def _definition(function):
+    """The ast node of a lab atom's definition, read from its module's source."""
+    function = inspect.unwrap(function)
+    with open(inspect.getsourcefile(function), encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    return next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.__name__)
+
+
+def _wrapped_def(name, arguments, width=100):
+    """`def name(arguments):`, wrapped at the commas so that no line passes `width`."""
+    line = f"def {name}({arguments}):"
+    if len(line) <= width:
+        return line
+    lines, current = [f"def {name}("], "   "
+    for part in arguments.split(", "):
+        if len(current) + len(part) + 2 > width:
+            lines.append(current.rstrip())
+            current = "   "
+        current += f" {part},"
+    lines.append(current)
+    return "\n".join(lines) + "\n):"
+
+
+def stub_text(file_name=DEFAULT_FILE):
+    """The text of a learner's file: the header, then every exercise's stub under its chapter."""
+    parts, chapter = [HEADER.format(file=file_name)], None
+    for exercise in EXERCISES:
+        if exercise.chapter != chapter:
+            chapter = exercise.chapter
+            title = f"# --- {chapter}: docs/learn/{chapter}.md "
+            parts.append(f"\n\n{title}{'-' * max(3, 100 - len(title))}\n")
+        arguments = ast.unparse(_definition(exercise.solution).args)
+        parts.append(f"\n\n{_wrapped_def(exercise.name, arguments)}\n"
+                     f'    """{exercise.doc}\n\n    Chapter: docs/learn/{exercise.chapter}.md\n    """\n'
+                     f"    raise NotImplementedError\n")
+    return "".join(parts)
+
+
+def start(parser, path):
+    """Write the stubs to `path`; an existing path of any kind is refused and left as it is."""
+    if os.path.lexists(path):
+        parser.error(f"argument --file: {path} already exists; start never replaces a file (choose another --file)")
+    problem = output_file_problem(path)
+    if problem is not None:
+        parser.error(f"argument --file: {problem}")
+    text = stub_text(os.path.basename(path))
+    try:
+        with open(path, "x", encoding="utf-8") as handle:  # "x": fails rather than replace a file made meanwhile
+            try:
+                handle.write(text)
+            except BaseException:
+                handle.close()
+                os.remove(path)  # never leave half a file
+                raise
+    except FileExistsError:
+        parser.error(f"argument --file: {path} already exists; start never replaces a file (choose another --file)")
+    print(f"wrote {path}: {len(EXERCISES)} stubs, chapters 01-10; next: python exercises.py check --file {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# check: grading a learner's file
+# ---------------------------------------------------------------------------------------------
+
+
+class LearnerFileError(Exception):
+    """The learner's file does not import; the message is one line naming the file and the line."""
+
+
+def _learner_line(error, path):
+    """The line of the deepest frame of `error`'s traceback inside the learner's file, or None."""
+    where = os.path.abspath(path)
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename == where]
+    return frames[-1].lineno if frames else None
+
+
+def load_learner(path):
+    """The learner's file as a module, compiled and run in this process (no bytecode written, so an
+    edit is always seen). Raises LearnerFileError with one line for a file that does not import."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        source = handle.read()
+    module = types.ModuleType("learner_atoms")
+    module.__file__ = os.path.abspath(path)
+    try:
+        code = compile(source, module.__file__, "exec")
+    except SyntaxError as error:
+        raise LearnerFileError(f"{path} line {error.lineno}: {type(error).__name__}: {error.msg} "
+                               "(the file does not import)") from None
+    try:
+        exec(code, module.__dict__)  # noqa: S102 (the learner's own file, run as an import would)
+    except (Exception, SystemExit) as error:
+        line = _learner_line(error, path)
+        raise LearnerFileError(f"{path}{'' if line is None else f' line {line}'}: "
+                               f"{type(error).__name__}: {one_line(error)} (the file does not import)") from None
+    return module
+
+
+def short(value):
+    """A value on one short line: tensors as nested lists of 6 significant digits."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype == torch.bool:
+            text = str(value.tolist()).replace("True", "T").replace("False", "F")
+        elif value.is_floating_point():
+            text = str(_rounded(value.tolist()))
+        else:
+            text = str(value.tolist())
+        if value.dim() > 1:
+            text = f"{tuple(value.shape)} {text}"
+    elif isinstance(value, (tuple, list)):
+        text = "(" + ", ".join(short(item) for item in value) + ")"
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    else:
+        text = repr(value)
+    return text if len(text) <= SHOWN_CHARACTERS else text[:SHOWN_CHARACTERS - 3] + "..."
+
+
+def _rounded(values):
+    if isinstance(values, list):
+        return [_rounded(item) for item in values]
+    return float(f"{values:.6g}")
+
+
+def _shown_inputs(case, exercise):
+    args, kwargs = case.inputs()
+    names = list(inspect.signature(exercise.solution).parameters)
+    parts = [f"{name}={short(value)}" for name, value in zip(names, args)]
+    parts += [f"{name}={short(value)}" for name, value in kwargs.items()]
+    return ", ".join(parts) if parts else "none"
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The result of one exercise: status "passed", "not started" or "failed", and its report line."""
+
+    name: str
+    status: str
+    line: str
+
+
+def grade(exercise, function, path=None):
+    """Run `exercise`'s cases on `function` in order; stop at the first failing one. path: the learner's
+    file, to locate an exception raised inside it."""
+    if function is None:
+        return Grade(exercise.name, "not started", f"{exercise.name}: not started (no function of that name)")
+    if not callable(function):
+        return Grade(exercise.name, "failed", f"{exercise.name}: failed: it is a {type(function).__name__}, "
+                                              "not a function")
+    for number, case in enumerate(exercise.cases, start=1):
+        where = f'case {number} of {len(exercise.cases)} "{case.name}"'
+        hint = f"hint: {case.hint} (see {exercise.pointer(case)})"
+        try:
+            found = failure(case, function)
+        except NotImplementedError:
+            if number == 1:
+                return Grade(exercise.name, "not started", f"{exercise.name}: not started")
+            found = ("raised NotImplementedError", None, None)
+        except Exception as error:  # the learner's atom failed: a failing case, never a crash of the lab
+            line = _learner_line(error, path) if path else None
+            raised = f"raised {type(error).__name__}: {short(one_line(error))[1:-1]}" + (
+                f" at {path}:{line}" if line else "")
+            return Grade(exercise.name, "failed",
+                         f"{exercise.name}: failed {where}: input {_shown_inputs(case, exercise)}; {raised}; {hint}")
+        if found is not None:
+            reason, obtained, expected = found
+            return Grade(exercise.name, "failed",
+                         f"{exercise.name}: failed {where}: input {_shown_inputs(case, exercise)}; "
+                         f"expected {short(expected)}, got {short(obtained)} ({reason}); {hint}")
+    return Grade(exercise.name, "passed", f"{exercise.name}: passed ({len(exercise.cases)} cases)")
+
+
+def grade_file(module, path, names=None):
+    """[Grade] for the exercises `names` (all when None), in the course's order."""
+    chosen = [exercise for exercise in EXERCISES if names is None or exercise.name in names]
+    return [grade(exercise, getattr(module, exercise.name, None), path) for exercise in chosen]
+
+
+def _learner_or_exit(parser, path):
+    problem = input_file_problem(path)
+    if problem is not None:
+        hint = f"; write one with python exercises.py start --file {path}" if not os.path.lexists(path) else ""
+        parser.error(f"argument --file: {path}: {problem}{hint}")
+    return load_learner(path)
+
+
+def check(parser, path, atom):
+    module = _learner_or_exit(parser, path)
+    grades = grade_file(module, path, None if atom is None else [atom])
+    for result in grades:
+        print(result.line)
+    counts = {status: sum(result.status == status for result in grades) for status in ("passed", "failed",
+                                                                                        "not started")}
+    if len(grades) > 1:
+        print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['not started']} not started "
+              f"of {len(grades)} exercises")
+    return 1 if counts["failed"] else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# train: the lab's loops with the learner's atoms
+# ---------------------------------------------------------------------------------------------
+# A run looks its atoms up at call time in these modules' namespaces, and in the registries they
+# hold (rl_lab.KL_ESTIMATORS, online_algorithms.POLICY_LOSSES and PREFERENCE_LOSSES): every place
+# where the lab's atom object is found is given the learner's for the duration of the run, and put
+# back in a finally block. The lab's atoms also call each other through rl_lab's namespace (the
+# GRPO loss calls clipped_policy_loss), so a learner's atom is used wherever the lab's would be.
+PATCHED_MODULES = (rl_lab, online_algorithms, online_tokens)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A short training run: its name, the lab atoms it calls (test_exercises checks this against the
+    calls counted in a run), the metric that says it learns, and how to run it."""
+
+    name: str
+    atoms: tuple
+    metric: str
+    steps_flag: str
+    train: object
+
+    def __call__(self, steps):
+        return self.train(steps)
+
+
+def _bandit(algorithm):
+    return lambda steps: rl_lab.train(algorithm, steps=steps, seed=SEED)[0]
+
+
+def _online(algorithm):
+    return lambda steps: online_tokens.train(algorithm=algorithm, steps=steps, seed=SEED)[0]
+
+
+RUNS = (
+    Run("bandit ppo", ("clipped_policy_loss", "gae"), "expected_reward", "--steps", _bandit("ppo")),
+    Run("bandit dpo", ("dpo_loss",), "expected_reward", "--steps", _bandit("dpo")),
+    Run("bandit grpo", ("group_advantages", "clipped_policy_loss", "categorical_kl"), "expected_reward", "--steps",
+        _bandit("grpo")),
+    Run("bandit cispo", ("group_advantages", "cispo_policy_loss", "reduce_token_loss", "categorical_kl"),
+        "expected_reward", "--steps", _bandit("cispo")),
+    Run("online grpo", ("completion_mask", "group_advantages", "clipped_policy_loss", "reduce_token_loss", "kl_k3"),
+        "success_probability", "--online-steps", _online("grpo")),
+    Run("online cispo", ("completion_mask", "group_advantages", "cispo_policy_loss", "reduce_token_loss", "kl_k3"),
+        "success_probability", "--online-steps", _online("cispo")),
+)
+
+
+def learns_threshold(start_value):
+    """The stated bar: halfway from the run's start to the best possible value, 1."""
+    return start_value + 0.5 * (1.0 - start_value)
+
+
+def _counted(name, function, calls):
+    """`function` counting its calls in calls[name]; a `check` keyword it does not take is dropped."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): pass `check` as given
+        parameters = {"check": None}
+    takes_check = "check" in parameters or any(
+        getattr(parameter, "kind", None) is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        if not takes_check:
+            kwargs.pop("check", None)
+        return function(*args, **kwargs)
+
+    return call
+
+
+def _replacements(atoms):
+    """[(container, key, lab object, learner object)] for every place a run finds one of the lab's atoms.
+    atoms: {name: replacement}; a container is a module or one of its dicts."""
+    by_id = {id(BY_NAME[name].solution): replacement for name, replacement in atoms.items()}
+    found = []
+    for module in PATCHED_MODULES:
+        for key, value in vars(module).items():
+            if id(value) in by_id:
+                found.append((module, key, value, by_id[id(value)]))
+            elif isinstance(value, dict) and not key.startswith("__"):
+                for entry, item in value.items():
+                    if id(item) in by_id:
+                        found.append((value, entry, item, by_id[id(item)]))
+                    elif dataclasses.is_dataclass(item) and id(getattr(item, "atom", None)) in by_id:
+                        found.append((value, entry, item, dataclasses.replace(item, atom=by_id[id(item.atom)])))
+    return found
+
+
+def _put(container, key, value):
+    if isinstance(container, dict):
+        container[key] = value
+    else:
+        setattr(container, key, value)
+
+
+def run_with(run, atoms, steps):
+    """(rows, {atom name: calls}) of `run` with `atoms` ({name: function}) in place of the lab's ones."""
+    calls = {}
+    counted = {name: _counted(name, function, calls) for name, function in atoms.items()}
+    replaced = _replacements(counted)
+    try:
+        for container, key, _, mine in replaced:
+            _put(container, key, mine)
+        rows = run(steps)
+    finally:
+        for container, key, lab, _ in reversed(replaced):
+            _put(container, key, lab)
+    return rows, calls
+
+
+@functools.cache
+def lab_run(name, steps):
+    """The lab's own run (deterministic: computed once per process)."""
+    run = next(run for run in RUNS if run.name == name)
+    return run(steps)
+
+
+def train(parser, path, bandit_steps, online_steps):
+    module = _learner_or_exit(parser, path)
+    grades = grade_file(module, path)
+    passing = {result.name: getattr(module, result.name) for result in grades if result.status == "passed"}
+    if not passing:
+        print(f"none of the atoms in {path} passes check yet: nothing to train with "
+              f"(python exercises.py check --file {path})")
+        return 1
+    print(f"your atoms that pass check ({len(passing)} of {len(EXERCISES)}): {', '.join(passing)}")
+    learned, tried = True, 0
+    for run in RUNS:
+        steps = bandit_steps if run.steps_flag == "--steps" else online_steps
+        mine = {name: passing[name] for name in run.atoms if name in passing}
+        label = f"{run.name} ({steps} steps)"
+        if not mine:
+            print(f"{label}: not run (it calls {', '.join(run.atoms)}; none of yours passes check)")
+            continue
+        tried += 1
+        lab_rows = lab_run(run.name, steps)
+        start_value, lab_value = lab_rows[0][run.metric], lab_rows[-1][run.metric]
+        bar = learns_threshold(start_value)
+        metric = run.metric.replace("_", " ")
+        try:
+            rows, calls = run_with(run, mine, steps)
+        except Exception as error:  # the learner's atom failed inside the loop: reported, not a crash
+            line = _learner_line(error, path)
+            print(f"{label}: your atoms raised {type(error).__name__}: {one_line(error)}"
+                  f"{f' at {path}:{line}' if line else ''}; does NOT learn")
+            learned = False
+            continue
+        value = rows[-1][metric.replace(" ", "_")]
+        used = [name for name in mine if calls.get(name)]
+        learns = value == value and value >= bar  # (a NaN never learns)
+        learned = learned and learns
+        print(f"{label}: {metric} {value:.5f} with your {', '.join(used) or '(none called)'}, {lab_value:.5f} "
+              f"with the lab's; {'learns' if learns else 'does NOT learn'} (bar {bar:.5f}: halfway from the "
+              f"start {start_value:.5f} to the best, 1)")
+    return 0 if learned and tried else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="exercises.py",
+        description="The course's exercises: write the lab's atoms in your own file (start), have them graded by "
+                    "the lab's own cases (check), then train the bandit and the online task with them (train).",
+    )
+    parser.add_argument("command", choices=("start", "check", "train"), metavar="{start,check,train}",
+                        help="start: write the stubs; check: grade them; train: train with the ones that pass")
+    parser.add_argument("--file", default=DEFAULT_FILE,
+                        help=f"the learner's file; start refuses to replace an existing path (default: {DEFAULT_FILE})")
+    parser.add_argument("--atom", choices=tuple(BY_NAME), metavar="NAME",
+                        help="check: grade this one atom only, by the lab's name of it (default: every atom)")
+    parser.add_argument("--steps", type=int_flag(1, 1000), default=BANDIT_STEPS,
+                        help=f"train: bandit iterations per algorithm, in [1, 1000] (default: {BANDIT_STEPS})")
+    parser.add_argument("--online-steps", type=int_flag(1, 1000), default=ONLINE_STEPS,
+                        help=f"train: online task iterations per algorithm, in [1, 1000] (default: {ONLINE_STEPS})")
+    return parser
+
+
+@torch_threads(1)  # tiny tensors, as the drivers
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = set(argv if argv is not None else sys.argv[1:])
+    if args.atom is not None and args.command != "check":
+        parser.error(f"argument --atom: only applies to check, not to {args.command}")
+    for flag in ("--steps", "--online-steps"):
+        if args.command != "train" and any(item == flag or item.startswith(flag + "=") for item in given):
+            parser.error(f"argument {flag}: only applies to train, not to {args.command}")
+    if args.command == "start":
+        return start(parser, args.file)
+    try:
+        if args.command == "check":
+            return check(parser, args.file, args.atom)
+        return train(parser, args.file, args.steps, args.online_steps)
+    except LearnerFileError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,421 @@
+"""Tests of exercises.py and exercise_cases.py: the lab's atoms pass every case, the stubs are "not
+started", a learner's usual mistakes are caught with the hint that names them, and the commands.
+
+    python -m unittest -v test_exercises
+"""
+
+import inspect
+import math
+import os
+import re
+import tempfile
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+import exercise_cases
+import exercises
+import rl_lab
+from exercise_cases import BY_NAME, EXERCISES
+from lab_testing import HERE, run_cli_in_process, run_main, single_thread_module
+
+setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
+
+# ---------------------------------------------------------------------------------------------
+# Seeded mistakes: (exercise, the wrong function, a phrase of the hint that must name the mistake)
+# ---------------------------------------------------------------------------------------------
+
+
+def shift_off_by_one(logits, input_ids, response_mask, *, check=True):
+    valid = response_mask[:, 1:]
+    logp = F.log_softmax(logits[:, 1:], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, logp, torch.zeros_like(logp)), valid
+
+
+def mask_forgotten(logits, input_ids, response_mask, *, check=True):
+    logp = F.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return logp, response_mask[:, 1:]
+
+
+def mask_drops_eos(completion_ids, eos_token_id, pad_mask=None, *, check=True):
+    return (completion_ids != eos_token_id).long()
+
+
+def reinforce_sign(logp, advantages, *, check=True):
+    return advantages.detach() * logp
+
+
+def reinforce_no_detach(logp, advantages, *, check=True):
+    return -advantages * logp
+
+
+def gae_boundary_stops_bootstrap(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95, *,
+                                 check=True):
+    advantages, running = [0.0] * len(rewards), 0.0
+    for step in reversed(range(len(rewards))):
+        cut = bool(boundary[step])  # the mistake: a time limit is treated as a terminal state
+        delta = rewards[step].item() + (0.0 if cut else gamma * next_values[step].item()) - values[step].item()
+        running = delta + (0.0 if cut else gamma * lam * running)
+        advantages[step] = running
+    advantages = torch.tensor(advantages, dtype=rewards.dtype)
+    return advantages, advantages + values.detach()
+
+
+def weights_inverted(old_logps, rollout_logps, cap=2.0, *, check=True):
+    return (rollout_logps - old_logps).detach().exp().clamp(max=cap)
+
+
+def clip_optimistic(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
+    ratio = (logp - old_logp.detach()).exp()
+    high = epsilon if epsilon_high is None else epsilon_high
+    clipped = ratio.clamp(1 - epsilon, 1 + high)
+    return torch.minimum(-ratio * advantages.detach(), -clipped * advantages.detach())  # min of the losses
+
+
+def clip_old_not_detached(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
+    ratio = (logp - old_logp).exp()
+    high = epsilon if epsilon_high is None else epsilon_high
+    a = advantages.detach()
+    loss = torch.maximum(-ratio * a, -ratio.clamp(1 - epsilon, 1 + high) * a)
+    return loss if dual_clip is None else torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
+
+
+def cispo_weight_not_detached(policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0,
+                              beta=0.1, reduction="sequence", max_new_tokens=None, *, kl_estimator=None,
+                              importance_weights=None, check=True):
+    mask = completion_mask.to(policy_logps.dtype)
+    weight = (policy_logps - old_logps).exp().clamp(max=epsilon_high)  # the mistake: no detach
+    delta = ref_logps - policy_logps
+    per_token = -(weight * advantages.unsqueeze(1) * policy_logps - beta * (delta.exp() - delta - 1))
+    return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def ratio_summed(policy_logps, old_logps, completion_mask, *, check=True):
+    return ((policy_logps - old_logps.detach()) * completion_mask).sum(dim=1)
+
+
+def k1_reversed(policy_logps, ref_logps, *, check=True):
+    return ref_logps.detach() - policy_logps
+
+
+def k2_without_half(policy_logps, ref_logps, *, check=True):
+    return (policy_logps - ref_logps.detach()).square()
+
+
+def k3_wrong_direction(policy_logps, ref_logps, *, check=True):
+    delta = policy_logps - ref_logps.detach()
+    return delta.exp() - delta - 1
+
+
+def kl_weighted_by_reference(logits, reference_logits, *, check=True):
+    logp, logq = F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits.detach(), dim=-1)
+    return (logq.exp() * (logq - logp)).sum(dim=-1)
+
+
+def dpo_log_of_sigmoid(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
+    margin = (chosen - rejected) - (ref_chosen.detach() - ref_rejected.detach())
+    return -torch.log(torch.sigmoid(beta * margin))
+
+
+def group_sample_std(rewards, epsilon=1e-8, scale="group", *, check=True):
+    rewards = rewards.detach()
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    return centered if scale == "none" else centered / (rewards.std(dim=1, keepdim=True) + epsilon)
+
+
+def group_no_exact_zeros(rewards, epsilon=1e-8, scale="group", *, check=True):
+    rewards = rewards.detach()
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    return centered if scale == "none" else centered / (rewards.std(dim=1, correction=0, keepdim=True) + epsilon)
+
+
+def rloo_with_own_reward(rewards, *, check=True):
+    rewards = rewards.detach()
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def reduce_always_token_mean(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *,
+                             check=True):
+    mask = completion_mask.to(per_token_loss.dtype)
+    return (per_token_loss * mask).sum() / mask.sum()
+
+
+def reduce_mask_forgotten(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *, check=True):
+    return per_token_loss.mean()
+
+
+def overlong_positive(lengths, max_new_tokens, cache, *, check=True):
+    return -rl_lab.overlong_penalty(lengths, max_new_tokens, cache)
+
+
+def pass_at_k_with_replacement(n, c, k):
+    return 1.0 - (1.0 - c / n) ** k
+
+
+MISTAKES = [
+    ("response_token_logps", shift_off_by_one, "the causal shift"),
+    ("response_token_logps", mask_forgotten, "set every position it hides to 0"),
+    ("completion_mask", mask_drops_eos, "not `ids != eos`"),
+    ("reinforce_loss", reinforce_sign, "the minus sign"),
+    ("reinforce_loss", reinforce_no_detach, "detach the advantages"),
+    ("gae", gae_boundary_stops_bootstrap, "only `terminated` stops the bootstrap"),
+    ("truncated_importance_weights", weights_inverted, "not the inverse"),
+    ("clipped_policy_loss", clip_optimistic, "the pessimistic branch"),
+    ("clipped_policy_loss", clip_old_not_detached, "detach old_logp"),
+    ("cispo_policy_loss", cispo_weight_not_detached, "detach the weight"),
+    ("sequence_log_ratio", ratio_summed, "a mean, not a sum"),
+    ("kl_k1", k1_reversed, "not the other way round"),
+    ("kl_k2", k2_without_half, "the factor 1/2"),
+    ("kl_k3", k3_wrong_direction, "the other KL direction"),
+    ("categorical_kl", kl_weighted_by_reference, "weight by the POLICY"),
+    ("dpo_loss", dpo_log_of_sigmoid, "use F.logsigmoid"),
+    ("group_advantages", group_sample_std, "POPULATION std"),
+    ("group_advantages", group_no_exact_zeros, "exactly 0"),
+    ("rloo_advantages", rloo_with_own_reward, "leave the sample out"),
+    ("reduce_token_loss", reduce_always_token_mean, "not a token mean"),
+    ("reduce_token_loss", reduce_mask_forgotten, "'sequence'"),
+    ("overlong_penalty", overlong_positive, "a penalty is negative"),
+    ("pass_at_k", pass_at_k_with_replacement, "WITHOUT replacement"),
+]
+
+# a learner's file that solves two exercises, gets one wrong and leaves the rest as stubs
+PARTLY_SOLVED = '''
+import torch
+
+
+def kl_k1(policy_logps, ref_logps, *, check=True):
+    return policy_logps - ref_logps.detach()
+
+
+def kl_k2(policy_logps, ref_logps, *, check=True):
+    return 0.5 * (policy_logps - ref_logps.detach()) ** 2
+
+
+def kl_k3(policy_logps, ref_logps, *, check=True):
+    delta = policy_logps - ref_logps.detach()  # the wrong direction
+    return delta.exp() - delta - 1
+
+
+def dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
+    raise NotImplementedError
+
+
+def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95, *, check=True):
+    return rewards[10]  # raises IndexError on every case
+'''
+SOLVED_BY_THE_LAB = '''
+from rl_lab import (  # the solutions are rl_lab.py's atoms
+    response_token_logps, completion_mask, reinforce_loss, gae, truncated_importance_weights, clipped_policy_loss,
+    cispo_policy_loss, sequence_log_ratio, kl_k1, kl_k2, kl_k3, categorical_kl, dpo_loss, group_advantages,
+    rloo_advantages, reduce_token_loss, overlong_penalty,
+)
+from countdown import pass_at_k
+'''
+
+
+class Cases(unittest.TestCase):
+    def test_the_labs_atoms_pass_every_case(self):
+        self.assertGreaterEqual(len(EXERCISES), 18)
+        for exercise in EXERCISES:
+            with self.subTest(exercise=exercise.name):
+                result = exercises.grade(exercise, exercise.solution)
+                self.assertEqual(result.line, f"{exercise.name}: passed ({len(exercise.cases)} cases)")
+
+    def test_every_exercise_has_hand_and_reference_or_invariant_cases_with_a_hint(self):
+        for exercise in EXERCISES:
+            kinds = {case.name.split(":")[0] for case in exercise.cases}
+            with self.subTest(exercise=exercise.name):
+                self.assertIn("hand", kinds)
+                self.assertTrue(kinds & {"reference", "invariant", "gradient"}, kinds)
+                for case in exercise.cases:
+                    self.assertRegex(case.section, r"\A[a-z0-9-]+\Z")
+                    self.assertGreater(len(case.hint), 20)
+
+    def test_the_course_order_follows_the_chapters(self):
+        chapters = [exercise.chapter for exercise in EXERCISES]
+        self.assertEqual(chapters, sorted(chapters))
+        self.assertEqual(len({exercise.name for exercise in EXERCISES}), len(EXERCISES))
+
+    def test_compare_checks_shape_values_and_exactness(self):
+        compare = exercise_cases.compare
+        self.assertIsNone(compare(torch.tensor([1, 0]), torch.tensor([1.0, 0.0], dtype=torch.float64)))
+        self.assertIn("shape", compare(torch.tensor(1.0), torch.tensor([1.0])))
+        self.assertEqual(compare(torch.tensor([1e-12]), torch.tensor([0.0]), exact=True),
+                         "differs (exact values expected)")
+        self.assertIsNone(compare(torch.tensor([1e-12]), torch.tensor([0.0])))
+        self.assertEqual(compare(0.64, 0.7), "differs")
+        self.assertIn("tuple", compare(torch.tensor([1.0]), (torch.tensor([1.0]), torch.tensor([True]))))
+        self.assertEqual(compare(True, False), "differs")
+
+    def test_the_hints_point_at_sections_of_the_chapters_that_exist(self):
+        for exercise in EXERCISES:
+            page = os.path.join(HERE, "docs", "learn", f"{exercise.chapter}.md")
+            if not os.path.exists(page):
+                continue  # the chapter is not written yet
+            with open(page, encoding="utf-8") as handle:
+                headings = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+                            for line in handle if line.startswith("#")}
+            for case in exercise.cases:
+                with self.subTest(exercise=exercise.name, section=case.section):
+                    self.assertIn(case.section, headings)
+
+
+class Mistakes(unittest.TestCase):
+    def test_every_exercise_has_a_seeded_mistake(self):
+        self.assertEqual({name for name, _, _ in MISTAKES}, set(BY_NAME))
+
+    def test_each_seeded_mistake_fails_with_the_hint_that_names_it(self):
+        for name, wrong, phrase in MISTAKES:
+            with self.subTest(exercise=name, mistake=wrong.__name__):
+                exercise = BY_NAME[name]
+                result = exercises.grade(exercise, wrong)
+                self.assertEqual(result.status, "failed", result.line)
+                self.assertIn(phrase, result.line)
+                self.assertIn(f"(see docs/learn/{exercise.chapter}.md#", result.line)
+                self.assertEqual(len(result.line.splitlines()), 1)
+
+    def test_a_failing_case_shows_its_input_the_expected_and_the_obtained_value(self):
+        result = exercises.grade(BY_NAME["pass_at_k"], pass_at_k_with_replacement)
+        self.assertIn('case 2 of 5 "hand: n=5, c=2, k=2": input n=5, c=2, k=2; expected 0.7, got 0.64 (differs)',
+                      result.line)
+
+
+class Commands(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def write(self, name, text):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return path
+
+    def test_start_writes_stubs_with_the_labs_names_and_signatures_that_are_not_started(self):
+        path = os.path.join(self.tmp.name, "mine.py")
+        code, stdout, stderr = run_main(exercises.main, ["start", "--file", path])
+        self.assertEqual((code, stderr), (0, ""))
+        self.assertIn(f"wrote {path}: {len(EXERCISES)} stubs", stdout)
+        module = exercises.load_learner(path)
+        for exercise in EXERCISES:
+            with self.subTest(exercise=exercise.name):
+                stub = getattr(module, exercise.name)
+                self.assertEqual(inspect.signature(stub), inspect.signature(exercise.solution))
+                self.assertIn(f"docs/learn/{exercise.chapter}.md", stub.__doc__)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertIn("The solutions are rl_lab.py's atoms", text)
+        self.assertLessEqual(max(len(line) for line in text.splitlines()), 120)
+        code, stdout, _ = run_main(exercises.main, ["check", "--file", path])
+        self.assertEqual(code, 0)  # nothing written yet, so nothing fails
+        self.assertEqual(stdout.splitlines()[:-1], [f"{exercise.name}: not started" for exercise in EXERCISES])
+        self.assertEqual(stdout.splitlines()[-1], f"0 passed, 0 failed, {len(EXERCISES)} not started of "
+                                                  f"{len(EXERCISES)} exercises")
+
+    def test_start_refuses_an_existing_path_and_leaves_it_byte_identical(self):
+        path = self.write("mine.py", "def gae():\n    return 'my own work'\n")
+        with open(path, "rb") as handle:
+            before = handle.read()
+        for target in (path, self.tmp.name):  # a file, and a folder
+            code, stdout, stderr = run_cli_in_process(exercises.main, ["start", "--file", target])
+            self.assertEqual((code, stdout), (2, ""))
+            self.assertEqual(len(stderr.strip().splitlines()), 1)
+            self.assertIn("--file", stderr)
+            self.assertIn("already exists", stderr)
+        with open(path, "rb") as handle:
+            self.assertEqual(handle.read(), before)
+        self.assertEqual(os.listdir(self.tmp.name), ["mine.py"])
+
+    def test_a_file_that_does_not_import_is_one_line_naming_the_file_and_line(self):
+        broken = self.write("broken.py", "import math\n\ndef gae(:\n    pass\n")
+        failing = self.write("failing.py", "import math\n\nVALUE = math.sqrt(-1)\n")
+        for path, line in ((broken, 3), (failing, 3)):
+            with self.subTest(path=os.path.basename(path)):
+                code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+                self.assertEqual((code, stdout), (1, ""))
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(f"{path} line {line}:", stderr)
+                self.assertNotIn("Traceback", stderr)
+
+    def test_check_on_a_partly_solved_file_exits_1_and_names_the_failing_atoms(self):
+        path = self.write("partly.py", PARTLY_SOLVED)
+        code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+        self.assertEqual((code, stderr), (1, ""))
+        lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
+        self.assertEqual(len(lines), len(EXERCISES))
+        self.assertEqual(lines["kl_k1"], "kl_k1: passed (3 cases)")
+        self.assertEqual(lines["kl_k2"], "kl_k2: passed (3 cases)")
+        self.assertIn("kl_k3: failed case 1 of 4", lines["kl_k3"])
+        self.assertIn("the other KL direction", lines["kl_k3"])
+        self.assertEqual(lines["dpo_loss"], "dpo_loss: not started")
+        self.assertEqual(lines["pass_at_k"], "pass_at_k: not started (no function of that name)")
+        # an exception inside the learner's atom is a failing case naming it and the line, not a crash
+        self.assertIn("raised IndexError: index 10 is out of bounds", lines["gae"])
+        line = PARTLY_SOLVED.splitlines().index("    return rewards[10]  # raises IndexError on every case") + 1
+        self.assertIn(f"at {path}:{line};", lines["gae"])
+        self.assertEqual(stdout.splitlines()[-1], f"2 passed, 2 failed, {len(EXERCISES) - 4} not started of "
+                                                  f"{len(EXERCISES)} exercises")
+        code, stdout, _ = run_main(exercises.main, ["check", "--file", path, "--atom", "kl_k1"])
+        self.assertEqual((code, stdout), (0, "kl_k1: passed (3 cases)\n"))
+
+    def test_an_unknown_atom_or_a_flag_of_another_command_exits_2_naming_it(self):
+        path = self.write("partly.py", PARTLY_SOLVED)
+        for argv, flag in ((["check", "--file", path, "--atom", "ppo"], "--atom"),
+                           (["start", "--file", os.path.join(self.tmp.name, "new.py"), "--atom", "gae"], "--atom"),
+                           (["check", "--file", path, "--steps", "5"], "--steps"),
+                           (["check", "--file", os.path.join(self.tmp.name, "absent.py")], "--file")):
+            with self.subTest(argv=argv):
+                code, stdout, stderr = run_cli_in_process(exercises.main, argv)
+                self.assertEqual((code, stdout), (2, ""))
+                self.assertEqual(len(stderr.strip().splitlines()), 1)
+                self.assertIn(flag, stderr)
+        self.assertIn("gae", run_main(exercises.main, ["check", "--atom", "ppo"])[2])  # the names are listed
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), ["partly.py"])
+
+    def test_train_with_the_labs_atoms_learns_and_matches_the_labs_runs(self):
+        path = self.write("solved.py", SOLVED_BY_THE_LAB)
+        code, stdout, stderr = run_cli_in_process(
+            exercises.main, ["train", "--file", path, "--steps", "12", "--online-steps", "12"])
+        self.assertEqual((code, stderr), (0, ""))
+        lines = stdout.splitlines()
+        self.assertIn(f"({len(EXERCISES)} of {len(EXERCISES)})", lines[0])
+        self.assertEqual(len(lines), 1 + len(exercises.RUNS))
+        for run, line in zip(exercises.RUNS, lines[1:]):
+            with self.subTest(run=run.name):
+                mine, lab = re.findall(r" ([0-9.]+) with ", line)
+                self.assertEqual(mine, lab)  # the same atoms: the same run, bit for bit
+                self.assertIn("; learns (bar", line)
+                self.assertIn(f"with your {', '.join(run.atoms)},", line)
+
+    def test_train_uses_only_the_atoms_that_pass_check_and_names_them(self):
+        path = self.write("partly.py", PARTLY_SOLVED)
+        code, stdout, _ = run_main(exercises.main, ["train", "--file", path, "--steps", "3", "--online-steps", "3"])
+        self.assertEqual(code, 1)  # a 3-step bandit does not get halfway: the verdict is stated, not assumed
+        self.assertIn("your atoms that pass check (2 of 18): kl_k1, kl_k2", stdout)
+        self.assertIn("bandit ppo (3 steps): not run (it calls clipped_policy_loss, gae; none of yours passes check)",
+                      stdout)
+
+    def test_each_runs_atoms_are_the_ones_it_calls_and_the_lab_is_restored(self):
+        atoms = {exercise.name: exercise.solution for exercise in EXERCISES}
+        for run in exercises.RUNS:
+            with self.subTest(run=run.name):
+                _, calls = exercises.run_with(run, atoms, 2)
+                self.assertEqual(set(calls), set(run.atoms))
+        self.assertIs(rl_lab.clipped_policy_loss, BY_NAME["clipped_policy_loss"].solution)
+        self.assertIs(rl_lab.KL_ESTIMATORS["k3"], rl_lab.token_kl_penalty)
+        self.assertIs(exercises.online_algorithms.POLICY_LOSSES["cispo"].atom, rl_lab.cispo_policy_loss)
+
+    def test_an_atom_that_fails_inside_a_run_is_restored_and_reported(self):
+        def broken(*args, **kwargs):
+            raise RuntimeError("my bug")
+
+        with self.assertRaisesRegex(RuntimeError, "my bug"):
+            exercises.run_with(exercises.RUNS[1], {"dpo_loss": broken}, 2)
+        self.assertIs(rl_lab.dpo_loss, BY_NAME["dpo_loss"].solution)
+        self.assertTrue(math.isclose(rl_lab.train("dpo", steps=2)[0][-1]["expected_reward"],
+                                     exercises.lab_run("bandit dpo", 2)[-1]["expected_reward"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
