@@ -297,5 +297,29 @@ class Links(unittest.TestCase):
         self.assertRegex(read(README), r"\n    python -m unittest +#")
 
 
+class Course(unittest.TestCase):
+    """docs/learn/: ten chapters in course.py's order, each with what a chapter must hold."""
+
+    def test_each_chapter_has_a_computed_figure_pseudocode_a_rendered_number_and_its_exercises(self):
+        import course
+        import exercise_cases
+
+        by_chapter = {}
+        for exercise in exercise_cases.EXERCISES:
+            by_chapter.setdefault(exercise.chapter, []).append(exercise.name)
+        self.assertEqual(sorted(by_chapter), sorted(course.CHAPTERS))
+        for chapter in course.CHAPTERS:
+            with self.subTest(chapter=chapter):
+                template = read(os.path.join(HERE, "docs", "templates", "learn", f"{chapter}.md"))
+                figures = re.findall(r"!\[[^\]]+\]\(@REPO@/(results-course/[\w.-]+\.svg)\)", template)
+                self.assertTrue(figures, "no figure of results-course/")
+                for figure in figures:
+                    self.assertTrue(os.path.isfile(os.path.join(HERE, figure)), figure)
+                self.assertIn("```text", template, "no pseudocode block")
+                self.assertRegex(template, r"\{\{[^}]*course\[", "no number rendered from its chapter report")
+                for name in by_chapter[chapter]:
+                    self.assertIn(f"python exercises.py check --atom {name}", template)
+
+
 if __name__ == "__main__":
     unittest.main()
