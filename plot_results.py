@@ -1055,7 +1055,7 @@ LABEL_WORDS = {
     "algorithm": lambda value: str(value).upper(),
     "loss": lambda value: str(value).upper(),
     "epsilon_high": lambda value: f"ε_high {_number_text(value)}",
-    "updates_per_batch": lambda value: f"{_number_text(value)} updates per batch",
+    "updates_per_batch": lambda value: f"{_number_text(value)} update{'' if value == 1 else 's'} per batch",
     "group_size": lambda value: f"group size {_number_text(value)}",
     "dynamic_sampling": _flag("dynamic sampling", "static sampling"),
     "scale_rewards": lambda value: {"none": "no std"}.get(str(value), f"{value} std"),
@@ -1063,7 +1063,8 @@ LABEL_WORDS = {
     "kl_penalty": lambda value: {"implicit": "implicit KL", "off": "KL off"}.get(str(value), f"KL {value}"),
     "reduction": lambda value: {"constant": "constant"}.get(str(value), f"{value} mean"),
     "overlong": _flag("overlong penalty", None),
-    "sampler": lambda value: {"same": "sampler as the trainer"}.get(str(value), f"{value} sampler"),
+    "sampler": lambda value: {"same": "sampler as the trainer"}.get(  # T: the temperature, short under a strip
+        str(value), f"{str(value).replace('temperature ', 'T ')} sampler"),
     "tis": _flag("TIS", "no TIS"),
     "gae_lambda": lambda value: f"λ {_number_text(value)}",
     "shift": lambda value: f"reward shift {_number_text(value)}",
@@ -1182,7 +1183,7 @@ def _panel_values(axis, panel, summary_rows, runs, configurations, styles):
             style = styles[name]
             seeds = _per_seed(runs, name, metric)
             mean, low, high, never = _statistics(row, seeds, metric, mine)
-            lines = [textwrap.fill(part, STRIP_CHARACTERS) for part in words[name]]
+            lines = [textwrap.fill(part, STRIP_CHARACTERS, break_long_words=False) for part in words[name]]
             ticks.append(x)
             if mean is None:
                 tick_texts.append("\n".join(lines + [f"never ({int(never or 0)})"]))
@@ -1265,6 +1266,7 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
                           alpha=0.13, linewidth=0)
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, linewidth=1.6, **style)
         xs_all += [p[0] for p in points]
+    axis.margins(x=0.08)  # room for a "never" count above the last x
     values = sorted(set(xs_all))
     if values and values[0] > 0 and values[-1] / values[0] >= 8:  # 1, 2, 4, 8 or 2, 4, 8, 16: equal steps
         axis.set_xscale("log", base=2)
