@@ -960,7 +960,7 @@ EXPERIMENT_CYCLE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c5
                     "#bcbd22", "#17becf", "#393b79", "#637939")
 PANEL_KINDS = ("curves", "values", "sweep", "claim")  # see experiment_figure
 PANEL_WIDTH, PANEL_HEIGHT = 4.9, 3.7  # inches per panel; up to 3 panels a row
-PANEL_TITLE_CHARACTERS = 56  # a panel title wraps at this width (about 0.55 em per character at 10.5 pt)
+PANEL_TITLE_CHARACTERS = 50  # a panel title wraps at this width (about 0.6 em per character at 10.5 pt)
 
 
 def _rows_from_text(text, where):
