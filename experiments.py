@@ -1558,8 +1558,10 @@ def _passk_narrowing():
              "SFT start and after RL", "ylabel": "pass@64"},
             {"kind": "curves", "columns": ["entropy"], "title": "entropy of the sampled tokens",
              "ylabel": "nats per token"},
-            {"kind": "values", "metrics": ["test_distinct_correct_per_prompt_after"],
-             "title": "distinct correct answers per test prompt after RL", "ylabel": "answers (of 64 samples)"}]},
+            {"kind": "values", "metrics": ["test_distinct_correct_per_prompt_before",
+                                           "test_distinct_correct_per_prompt_after"],
+             "title": "distinct correct answers per test prompt, SFT start and after RL",
+             "ylabel": "answers (of 64 samples)"}]},
         quick=TRANSFORMER_QUICK,
         cost=34.0,
     )

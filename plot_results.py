@@ -63,7 +63,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullLocator  # noqa: E402
 
 _matplotlib_log.setLevel(_previous_level)
 
@@ -390,7 +390,7 @@ def mark_references(axis, references):
     return list(shown.values())
 
 
-def _legend_below(figure, axis, handles=None, labels=None):
+def _legend_below(figure, axis, handles=None, labels=None, title=None):
     """The runs' legend in one block below every panel (matplotlib's 'outside' placement reserves its
     room in the layout), so it never covers a curve, however many runs there are. The entries are the
     axis's, or `handles` and `labels` when given."""
@@ -410,8 +410,10 @@ def _legend_below(figure, axis, handles=None, labels=None):
     rows = -(-len(labels) // columns)
     order = [row * columns + column for column in range(columns) for row in range(rows)
              if row * columns + column < len(labels)]
+    if title:  # wrapped to the figure's width, as the labels are
+        title = textwrap.fill(_literal(title), max(20, int(width_points / character_points) - 12))
     return figure.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center",
-                         ncol=columns, frameon=False)
+                         ncol=columns, frameon=False, title=title, title_fontsize=STYLE["legend.fontsize"])
 
 
 def _fixed(value, digits, sign=False):
@@ -486,27 +488,52 @@ def _bandit_references(runs):
     return reward, probability, kl
 
 
+def _optimum_of(run):
+    """The best expected reward of a bandit run's table (the best action in every context)."""
+    table = reward_table_of(run.settings)
+    return sum(max(row) for row in table) / len(table)
+
+
+def _plot_gaps(axis, runs, styles, labels, gaps):
+    """One line per run of gaps(run) (what is left to the optimum, > 0) on a log axis: the last digits that
+    a linear axis near 1 hides, where the algorithms differ. A gap of 0 or below has no place on a log axis
+    and is left out (the run reached the optimum to the float's precision)."""
+    for run, style, label in zip(runs, styles, labels):
+        steps, values = np.asarray(run.series["step"]), np.asarray(gaps(run))
+        shown = values > 0
+        axis.plot(steps[shown], values[shown], label=label, **style)
+    axis.set_yscale("log")
+
+
 def plot_bandit(folders):
-    """One-step bandit: exact reward, best-action probability, KL to the reference and the loss per outer
-    iteration; one line per algorithm of each folder."""
+    """One-step bandit: exact reward and best-action probability (linear, and what is left to the optimum on
+    a log scale, where PPO, GRPO and CISPO part), KL to the reference and the loss per outer iteration; one
+    line per algorithm of each folder."""
     runs = load_bandit_runs(folders)
     styles, labels = run_styles(runs), run_labels(runs, algorithm_in_label="always")
     reward_references, probability_references, kl_references = _bandit_references(runs)
     shapes = sorted({(len(table), len(table[0])) for table in (reward_table_of(run.settings) for run in runs)})
-    figure, axes = _new_figure(2, 2, 12, 8.6)
+    figure, axes = _new_figure(2, 3, 17, 8.8)
+    reward, reward_gap, kl, probability, probability_gap, loss = axes
     panels = [
-        ("expected_reward", 0, "Expected reward (exact): how close to the optimum", "expected reward",
-         reward_references),
-        ("best_action_probability", 0, "Best-action probability (mean over the contexts)", "probability",
-         probability_references),
-        ("kl_reference", 0, "KL(policy ‖ uniform reference), exact", "KL (nats)", kl_references),
-        ("loss", 1, "Loss: each method's own objective (compare shapes, not levels)",
+        (reward, "expected_reward", 0, "Expected reward (exact)", "expected reward", reward_references),
+        (probability, "best_action_probability", 0, "Best-action probability (mean over the contexts)",
+         "probability", probability_references),
+        (kl, "kl_reference", 0, "KL(policy ‖ uniform reference), exact", "KL (nats)", kl_references),
+        (loss, "loss", 1, "Loss: each method's own objective\n(compare shapes, not levels)",
          "loss (the method's objective)", []),
     ]
-    for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
+    for axis, column, from_step, title, ylabel, references in panels:
         _plot_runs(axis, runs, styles, labels, "step", column, from_step)
         mark_references(axis, references)
         _finish(axis, title, ylabel)
+    _plot_gaps(reward_gap, runs, styles, labels,
+               lambda run: _optimum_of(run) - np.asarray(run.series["expected_reward"]))
+    _finish(reward_gap, "Left to the optimum: optimum - expected reward\n(log scale: where the methods part)",
+            "reward below the optimum (log scale)")
+    _plot_gaps(probability_gap, runs, styles, labels,
+               lambda run: 1.0 - np.asarray(run.series["best_action_probability"]))
+    _finish(probability_gap, "1 - best-action probability\n(log scale)", "probability of another action (log scale)")
     _legend_below(figure, axes[0])
     shape = ", ".join(f"{contexts} contexts x {actions} actions" for contexts, actions in shapes)
     figure.suptitle(_literal(f"One-step bandit ({shape}): exact evaluation after each outer iteration\n"
@@ -673,19 +700,23 @@ def _online_run(folder, algorithm=None):
 
 
 def _online_references(runs):
-    """The start (exact success probability at step 0, from the data) and the target 0.9, for the success
-    panel; the length of a correct answer plus EOS, averaged over the task's prompts, for the length panel."""
+    """The start (exact success probability at step 0, from the data), the target 0.9 and the optimum 1, for
+    the success panel."""
     starts = [(run.series["success_probability"][0], f"start {run.series['success_probability'][0]:.4f}")
               for run in runs if run.series["step"][0] == 0]
-    success = starts + [(TARGET_SUCCESS, f"target {TARGET_SUCCESS:g}"), (1.0, "optimum 1")]
-    lengths = []
-    for run in runs:
-        task = run.settings.get("task_settings")
-        answers = task.get("prompts_and_answers") if isinstance(task, dict) else None
-        if isinstance(answers, dict) and answers and all(isinstance(a, str) for a in answers.values()):
-            length = sum(len(answer) + 1 for answer in answers.values()) / len(answers)
-            lengths.append((length, f"all correct: {length:.3g}"))
-    return success, lengths
+    return starts + [(TARGET_SUCCESS, f"target {TARGET_SUCCESS:g}"), (1.0, "optimum 1")]
+
+
+def _plot_failure(axis, runs, styles, labels, x_column):
+    """1 - the exact success probability per run on a log axis: near the end the runs differ in the third
+    decimal (0.985 against 0.998), which a linear axis from 0 to 1 cannot show; the target's 0.1 marked.
+    A probability of exactly 1 has no place on a log axis and is left out."""
+    for run, style, label in zip(runs, styles, labels):
+        failure = 1.0 - np.asarray(run.series["success_probability"])
+        shown = failure > 0
+        axis.plot(np.asarray(run.series[x_column])[shown], failure[shown], label=label, **style)
+    axis.set_yscale("log")
+    mark_references(axis, [(1.0 - TARGET_SUCCESS, f"target {1.0 - TARGET_SUCCESS:.1f}")])
 
 
 def _first_at_target(run, x_column):
@@ -777,11 +808,13 @@ def plot_transformer(folders):
             lengths.plot(steps[seen], values[seen], color=style["color"], linestyle=dashes,
                          linewidth=style["linewidth"])
         kl.plot(steps, run.series["kl_reference"], **style)
-    _finish(success, "Exact success probability after each update\nsolid: train prompts, dotted: test prompts",
-            "p(correct response)", "iteration")
+    _finish(success, "Exact success probability after each update", "p(correct response)", "iteration")
     _finish(entropy, "Entropy of the sampled tokens", "nats per token", "iteration")
-    _finish(lengths, "Response length of the sampled batch\nsolid: correct responses, dotted: wrong ones",
+    _finish(lengths, "Response length of the sampled batch,\ncorrect and wrong answers",
             "tokens (EOS included)", "iteration")
+    if len(runs) == 1:  # one run: each line named at its end, no key to look up
+        _label_line_ends(success, ["train prompts", "test prompts"])
+        _label_line_ends(lengths, ["correct", "wrong"])
     _finish(kl, "KL(policy ‖ reference), estimated on each batch", "nats per response", "iteration")
     width = 0.8 / max(1, len(runs))
     for index, (run, style) in enumerate(zip(runs, styles)):
@@ -792,6 +825,10 @@ def plot_transformer(folders):
             if points:
                 passk.plot([k for k, _ in points], [value for _, value in points], color=color, linestyle=dashes,
                            marker="o", linewidth=style["linewidth"])
+                if len(runs) == 1:  # the values themselves: pass@64's 1.00 -> 0.98 is too small to see on 0-1
+                    for k, value in points:
+                        passk.annotate(f"{value:.2f}", (k, value), xytext=(0, -14 if which == "before" else 8),
+                                       textcoords="offset points", ha="center", fontsize=8.5, color=color)
         values = [_distinct_correct(path, "before", before), _distinct_correct(path, "after", after)]
         if None not in values:
             bars = distinct.bar([position + index * width for position in (0, 1)], values, width,
@@ -801,9 +838,11 @@ def plot_transformer(folders):
     ks = sorted({k for run in runs for which, evaluation in zip(("before", "after"), _evaluations(run))
                  for k, _ in _pass_at_k(os.path.join(run.source, "online.json"), which, evaluation)})
     passk.set_xticks(ks, [str(k) for k in ks])
-    passk.set_ylim(0.0, 1.05)
-    _finish(passk, "pass@k on the test prompts\ngrey dashed: the SFT start; coloured: after RL", "pass@k",
-            "k (responses sampled per prompt)")
+    passk.set_ylim(0.0, 1.1)
+    _finish(passk, "pass@k on the test prompts, SFT start and after RL", "pass@k", "k (responses sampled per prompt)")
+    passk.legend([Line2D([], [], color="0.45", linestyle="--", marker="o"),
+                  Line2D([], [], color=styles[0]["color"] if len(runs) == 1 else "0.1", marker="o")],
+                 ["SFT start", "after RL"], loc="lower right", frameon=False)
     distinct.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["SFT start", "after RL"])
     _finish(distinct, "Distinct correct responses per test prompt\n(among the sampled ones)", "responses", "")
     _legend_below(figure, success)
@@ -812,9 +851,28 @@ def plot_transformer(folders):
     return figure
 
 
+def _label_line_ends(axis, names):
+    """Write names[i] just right of the last point of the axis's i-th line, in its colour, with room made
+    on the right: a line labelled where it ends needs no key."""
+    lines = [(line, name) for line, name in zip(axis.get_lines(), names) if len(line.get_xdata())]
+    if not lines:  # nothing drawn (a batch with no wrong answer at all): nothing to name
+        return
+    for line, name in lines:
+        x, y = line.get_xdata()[-1], line.get_ydata()[-1]
+        axis.annotate(name, (x, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8.5,
+                      color=line.get_color())
+    low, high = axis.get_xlim()
+    last = max(line.get_xdata()[-1] for line, _ in lines)
+    ticks = [tick for tick in axis.get_xticks() if low <= tick <= last]  # no tick where there is no data
+    axis.set_xlim(low, high + 0.22 * (high - low))
+    axis.set_xticks(ticks)
+
+
 def plot_online(folders):
-    """Online runs (online_tokens.py), one line per folder: exact success and KL after each update (from
-    step 0), the sampled batch's success rate and response length (from step 1: nothing is sampled at 0).
+    """Online runs (online_tokens.py), one line per folder: exact success, its failure probability on a log
+    scale and KL after each update (from step 0), the sampled batch's success rate (from step 1: nothing is
+    sampled at 0). The sampled batch's mean length is not drawn: once the task is learned it follows which
+    prompts were drawn, not the policy.
     Transformer runs (their CSV has test_success_probability) get their own figure (plot_transformer)."""
     folders = _as_list(folders)
     transformer = ["test_success_probability" in _csv_header(os.path.join(folder, "online.csv")) for folder in folders]
@@ -825,22 +883,23 @@ def plot_online(folders):
         return plot_transformer(folders)
     runs = [_online_run(folder) for folder in folders]
     styles, labels = run_styles(runs), run_labels(runs)
-    success_references, length_references = _online_references(runs)
+    success_references = _online_references(runs)
     figure, axes = _new_figure(2, 2, 13, 8.8)
     panels = [
         ("success_probability", 0, "Exact success probability after each update", "p(correct answer, then EOS)",
          success_references),
         ("success_rate", 1, "Success rate of the sampled batch (noisy estimate of the above)",
          "share of responses correct", []),
-        ("mean_response_length", 1, "Mean response length of the sampled batch", "tokens per response (EOS included)",
-         length_references),
         ("kl_reference", 0, "Exact KL(policy ‖ reference): how far training moved the policy", "nats per response",
          []),
     ]
-    for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
+    for axis, (column, from_step, title, ylabel, references) in zip([axes[0], axes[1], axes[3]], panels):
         _plot_runs(axis, runs, styles, labels, "step", column, from_step)
         mark_references(axis, references)
         _finish(axis, title, ylabel, "iteration (one sampled batch each)")
+    _plot_failure(axes[2], runs, styles, labels, "step")
+    _finish(axes[2], "Exact failure probability 1 - p (log scale):\nwhat is left to learn, where the runs part",
+            "p(wrong answer) (log scale)", "iteration (one sampled batch each)")
     _legend_below(figure, axes[0])
     algorithms = ", ".join(dict.fromkeys(run.algorithm.upper() for run in runs if run.algorithm)) or "runs"
     figure.suptitle(_literal(f"Online {algorithms} on a tiny token policy (prompt n → n in binary, then EOS)"))
@@ -861,25 +920,27 @@ def load_online_all_runs(folders):
 
 def plot_online_all(folders):
     """online_tokens.py --algorithm all: the algorithms on shared axes against the sampled tokens (the budget
-    they share), exact success with the start and the 0.9 target, exact KL to the reference, response length."""
+    they share), exact success with the start and the 0.9 target, exact KL to the reference, and the failure
+    probability on a log scale, where algorithms that overlap near 1 part."""
     runs = load_online_all_runs(folders)
     styles, labels = run_styles(runs), run_labels(runs)
     reached = [_first_at_target(run, "total_tokens_sampled") for run in runs]
     labels = [f"{label}: p ≥ {TARGET_SUCCESS:g} after {point[0]:,.0f} tokens" if point else
               f"{label}: p < {TARGET_SUCCESS:g} throughout" for label, point in zip(labels, reached)]
-    success_references, length_references = _online_references(runs)
+    success_references = _online_references(runs)
     figure, axes = _new_figure(1, 3, 15, 5.6)
     panels = [
         ("success_probability", 0, "Exact success probability per sampled token\n(dots: first reaches the target)",
          "p(correct answer, then EOS)", success_references),
         ("kl_reference", 0, "Exact KL(policy ‖ reference)\nthe price of the gain", "nats per response", []),
-        ("mean_response_length", 1, "Mean response length of the sampled batch\n(EOS included)",
-         "tokens per response", length_references),
     ]
     for axis, (column, from_step, title, ylabel, references) in zip(axes, panels):
         _plot_runs(axis, runs, styles, labels, "total_tokens_sampled", column, from_step)
         mark_references(axis, references)
         _finish(axis, title, ylabel, "sampled tokens (total so far)")
+    _plot_failure(axes[2], runs, styles, labels, "total_tokens_sampled")
+    _finish(axes[2], "Exact failure probability 1 - p (log scale)\nwhat is left to learn, where the lines part",
+            "p(wrong answer) (log scale)", "sampled tokens (total so far)")
     for point, style in zip(reached, styles):
         if point:
             axes[0].plot([point[0]], [point[1]], marker="o", markersize=6, color=style["color"],
@@ -899,7 +960,7 @@ EXPERIMENT_CYCLE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c5
                     "#bcbd22", "#17becf", "#393b79", "#637939")
 PANEL_KINDS = ("curves", "values", "sweep", "claim")  # see experiment_figure
 PANEL_WIDTH, PANEL_HEIGHT = 4.9, 3.7  # inches per panel; up to 3 panels a row
-PANEL_TITLE_CHARACTERS = 56  # a panel title wraps at this width (about 0.55 em per character at 10.5 pt)
+PANEL_TITLE_CHARACTERS = 50  # a panel title wraps at this width (about 0.6 em per character at 10.5 pt)
 
 
 def _rows_from_text(text, where):
@@ -977,6 +1038,65 @@ def _label(text):
     return text.replace("_", " ")
 
 
+def _number_text(value):
+    """A label value from a CSV cell (8.0, 0.02, 'False') as a reader writes it: 8, 0.02, False."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _flag(on, off):
+    """A True/False label as words: `on` for True, `off` for False (None: say nothing)."""
+    return lambda value: on if str(value) == "True" else off
+
+
+# How the configurations' label keys (experiments.py) read in a legend or under a strip: a function of the
+# value, returning the words, or None where the value needs no words (no overlong penalty). A key not listed
+# reads as its name with spaces, then its value.
+LABEL_WORDS = {
+    "algorithm": lambda value: str(value).upper(),
+    "loss": lambda value: str(value).upper(),
+    "epsilon_high": lambda value: f"ε_high {_number_text(value)}",
+    "updates_per_batch": lambda value: f"{_number_text(value)} update{'' if value == 1 else 's'} per batch",
+    "group_size": lambda value: f"group size {_number_text(value)}",
+    "dynamic_sampling": _flag("dynamic sampling", "static sampling"),
+    "scale_rewards": lambda value: {"none": "no std"}.get(str(value), f"{value} std"),
+    "beta": lambda value: f"KL β {_number_text(value)}",
+    "kl_penalty": lambda value: {"implicit": "implicit KL", "off": "KL off"}.get(str(value), f"KL {value}"),
+    "reduction": lambda value: {"constant": "constant"}.get(str(value), f"{value} mean"),
+    "overlong": _flag("overlong penalty", None),
+    "sampler": lambda value: {"same": "sampler as the trainer"}.get(  # T: the temperature, short under a strip
+        str(value), f"{str(value).replace('temperature ', 'T ')} sampler"),
+    "tis": _flag("TIS", "no TIS"),
+    "gae_lambda": lambda value: f"λ {_number_text(value)}",
+    "shift": lambda value: f"reward shift {_number_text(value)}",
+    "rewards": lambda value: f"{value} rewards",
+    "preference_flips": lambda value: f"{_number_text(value)} labels flipped",
+    "distance": lambda value: f"{value} the reference",
+    "kl": lambda value: {"none": "no KL"}.get(str(value), f"KL {value}"),
+    "position_ids": lambda value: {"mask": "positions from the mask"}.get(str(value), f"positions {value}"),
+    "run": lambda value: f"{value} run",
+    "batch": lambda value: f"one batch per {value}",
+}
+
+
+def label_words(key, value):
+    """One label key and its value in words (LABEL_WORDS), or None when the value needs none."""
+    words = LABEL_WORDS.get(key)
+    return words(value) if words else f"{_label(key)} {_number_text(value)}"
+
+
+def configuration_texts(labels, keys=None):
+    """For each configuration's label ({key: value}), the list of its parts in words, in the label's order:
+    only the keys in `keys` when given (the keys whose values differ in a panel)."""
+    return [[text for key, value in label.items() if keys is None or key in keys
+             for text in [label_words(key, value)] if text] for label in labels]
+
+
+def differing_keys(labels):
+    """The label keys whose values differ between the configurations (the ones worth a word under a strip)."""
+    keys = list(dict.fromkeys(key for label in labels for key in label))
+    return [key for key in keys if len({str(label.get(key)) for label in labels}) > 1]
+
+
 def _log_if_positive(axis, values, which="y"):
     """A log axis where asked and every drawn value is positive; a linear one otherwise (a zero or a
     negative value has no place on a log axis)."""
@@ -989,7 +1109,7 @@ def _log_if_positive(axis, values, which="y"):
 
 def _panel_curves(axis, panel, curves, configurations, styles):
     """Each configuration's mean over seeds against the step (or panel["x"], averaged over seeds at each
-    step), with the seeds' min-max as a band; one line style per column when the panel has two."""
+    step), with the seeds' min-max as a band; with two columns, one line style each and no bands."""
     columns, x_column = panel["columns"], panel.get("x", "step")
     drawn = []
     for column_index, column in enumerate(columns):
@@ -1010,8 +1130,9 @@ def _panel_curves(axis, panel, curves, configurations, styles):
             style = dict(styles[name])
             if len(columns) > 1:
                 style["linestyle"] = DASHES[column_index % len(DASHES)]
-            axis.fill_between(xs, [min(values) for values in ys], [max(values) for values in ys],
-                              color=style["color"], alpha=0.13, linewidth=0)
+            if len(columns) == 1:  # with two columns (solid and dashed) the bands would hide the lines
+                axis.fill_between(xs, [min(values) for values in ys], [max(values) for values in ys],
+                                  color=style["color"], alpha=0.13, linewidth=0)
             axis.plot(xs, [sum(values) / len(values) for values in ys], linewidth=1.6, **style)
             drawn += [value for values in ys for value in values]
     if panel.get("log"):
@@ -1026,43 +1147,73 @@ def _per_seed(runs, name, metric):
             if value is not None]
 
 
+def _statistics(row, seeds, metric, runs_of_configuration):
+    """(mean, min, max, never) of a metric for one configuration: from its summary row, or from its runs
+    when the summary does not hold the metric (a column runs.csv records for every run, such as the SFT
+    start's value beside the metric the summary keeps after RL); never: the runs without a value."""
+    if f"{metric}_mean" in row:
+        return tuple(_value(row, f"{metric}_{stat}") for stat in ("mean", "min", "max", "never"))
+    never = sum(1 for run in runs_of_configuration if _value(run, metric) is None)
+    if not seeds:
+        return None, None, None, never
+    return sum(seeds) / len(seeds), min(seeds), max(seeds), never
+
+
+STRIP_CHARACTERS = 9  # a strip's label wraps at this width (7.5 pt text under each column of a 6-strip panel)
+STRIP_FONT_SIZE = 7.5
+
+
 def _panel_values(axis, panel, summary_rows, runs, configurations, styles):
-    """Per metric a group, per configuration a column: every seed's value (dots), the mean (a wide tick,
-    its value written beside it) and the min-max range (a thin line). The axis fits the values, not 0, so
-    that 0.97 and 0.99 stay apart; a configuration whose runs never reached the target says so."""
+    """Per metric a group, per configuration a strip: every seed's value (dots), the mean (a wide bar) and
+    the min-max range (a whisker). Under each strip, the configuration in words (the label keys that differ
+    in this panel) and its mean; under a group, the metric when there are several. The axis fits the values,
+    not 0, so that 0.97 and 0.99 stay apart; a configuration whose runs never reached the target says so."""
     metrics = panel["metrics"]
-    width = 0.8 / max(len(configurations), 1)
-    drawn = []
+    # strips fill their group (each label gets the room), leaving a gap between groups when there are several
+    width = (0.8 if len(metrics) > 1 else 0.96) / max(len(configurations), 1)
+    keys = differing_keys([summary_rows[name]["label"] for name in configurations])
+    words = dict(zip(configurations, configuration_texts([summary_rows[name]["label"] for name in configurations],
+                                                         keys)))
+    drawn, every_seed, ticks, tick_texts = [], [], [], []
     for index, name in enumerate(configurations):
         row = summary_rows[name]
+        mine = [run for run in runs if run["configuration"] == name]
         for group, metric in enumerate(metrics):
             x = group + (index - (len(configurations) - 1) / 2) * width
             style = styles[name]
             seeds = _per_seed(runs, name, metric)
-            mean, low, high = (_value(row, f"{metric}_{stat}") for stat in ("mean", "min", "max"))
-            never = _value(row, f"{metric}_never")
+            mean, low, high, never = _statistics(row, seeds, metric, mine)
+            lines = [textwrap.fill(part, STRIP_CHARACTERS, break_long_words=False) for part in words[name]]
+            ticks.append(x)
             if mean is None:
-                axis.text(x, 0.5, f"never\n({int(never or 0)})", transform=axis.get_xaxis_transform(), ha="center",
-                          va="center", fontsize=8, color=style["color"])
+                tick_texts.append("\n".join(lines + [f"never ({int(never or 0)})"]))
                 continue
             spread = np.linspace(-0.25, 0.25, len(seeds)) * width if len(seeds) > 1 else [0.0] * len(seeds)
             axis.scatter([x + offset for offset in spread], seeds, s=12, color=style["color"], alpha=0.55,
                          linewidths=0, zorder=3)
             axis.vlines(x, low, high, color=style["color"], linewidth=1.0, zorder=2)
             axis.hlines(mean, x - 0.42 * width, x + 0.42 * width, color=style["color"], linewidth=3.0, zorder=4)
-            text = _compact(mean) + (f"\n{int(never)} never" if never else "")
-            axis.annotate(text, (x, high), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom",
-                          fontsize=7.5, color="0.15")
+            tick_texts.append("\n".join(lines + [_compact(mean)] + ([textwrap.fill(f"{int(never)} never reached",
+                                                                                  STRIP_CHARACTERS)] if never else [])))
             drawn += seeds + [mean, low, high]
+            every_seed += seeds
     if drawn:
         low, high = min(drawn), max(drawn)
         span = (high - low) or max(abs(high), 1e-12)
-        axis.set_ylim(low - 0.08 * span, high + 0.3 * span)  # room for the numbers above the ranges
-    if len(metrics) > 1:
-        axis.set_xticks(range(len(metrics)), [_literal(textwrap.fill(_label(metric), 14)) for metric in metrics],
-                        fontsize=8)
-    else:
-        axis.set_xticks([])
+        axis.set_ylim(low - 0.07 * span, high + 0.07 * span)  # the numbers are under the strips, not above
+        if every_seed and all(float(value).is_integer() for value in every_seed):  # counts: whole-number ticks
+            axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_xticks(ticks, [_literal(text) for text in tick_texts], fontsize=STRIP_FONT_SIZE)
+    axis.tick_params(axis="x", length=2)
+    if len(metrics) > 1:  # the metric of each group, below its strips' labels
+        rows = max(text.count("\n") + 1 for text in tick_texts)
+        secondary = axis.secondary_xaxis("bottom")
+        # as many characters as a group's width holds (its axes about 80% of the panel, 0.62 em a character)
+        characters = max(STRIP_CHARACTERS, int(PANEL_WIDTH * 72 * 0.8 / len(metrics) / (0.62 * 8.5)))
+        secondary.set_xticks(range(len(metrics)), [_literal(textwrap.fill(_label(metric), characters))
+                                                   for metric in metrics], fontsize=8.5, fontweight="bold")
+        secondary.tick_params(axis="x", length=0, pad=rows * STRIP_FONT_SIZE * 1.2 + 10)
+        secondary.spines["bottom"].set_visible(False)
     axis.set_xlim(-0.5, len(metrics) - 0.5)
     axis.set_title(_literal(panel.get("title", _label(metrics[0]))))
     axis.set_ylabel(_literal(panel.get("ylabel", _label(metrics[0]) if len(metrics) == 1 else "value")))
@@ -1115,6 +1266,7 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
                           alpha=0.13, linewidth=0)
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, linewidth=1.6, **style)
         xs_all += [p[0] for p in points]
+    axis.margins(x=0.08)  # room for a "never" count above the last x
     values = sorted(set(xs_all))
     if values and values[0] > 0 and values[-1] / values[0] >= 8:  # 1, 2, 4, 8 or 2, 4, 8, 16: equal steps
         axis.set_xscale("log", base=2)
@@ -1214,7 +1366,10 @@ def _check_experiment(settings, summary, curves, runs, where):
     _check_experiment_settings(settings, where)
     panels = _panels_of(settings)
     metrics = [metric for panel in panels for metric in panel.get("metrics", [panel.get("metric")]) if metric]
-    needed = [f"{metric}_{stat}" for metric in metrics for stat in ("mean", "min", "max")]
+    # a strip panel may draw a metric the summary leaves out from every run's value in runs.csv (_statistics)
+    from_runs = {metric for panel in panels if panel.get("kind") == "values" for metric in panel["metrics"]
+                 if f"{metric}_mean" not in summary[0] and runs and metric in runs[0]}
+    needed = [f"{metric}_{stat}" for metric in metrics if metric not in from_runs for stat in ("mean", "min", "max")]
     for line, row in enumerate(summary, start=2):
         if not isinstance(row.get("configuration"), str):
             raise PlotInputError(f"{where}/summary.csv: line {line}: no configuration")
@@ -1241,17 +1396,20 @@ def _check_experiment(settings, summary, curves, runs, where):
                 raise PlotInputError(f"{where}/curves.csv: line {line}: step is missing")
 
 
-def _experiment_legend(figure, configurations, styles):
-    """One legend below every panel: a short line per configuration in its colour and dashes."""
+def _experiment_legend(figure, configurations, styles, labels, title=None):
+    """One legend below every panel: a line per configuration in its colour and dashes, labelled in words
+    (configuration_texts), under `title` (statistics_key)."""
     handles = [Line2D([], [], linewidth=2.0, **styles[name]) for name in configurations]
-    return _legend_below(figure, None, handles, list(configurations))
+    if len(set(labels)) < len(labels):  # words that coincide would hide a configuration: its name instead
+        labels = list(configurations)
+    return _legend_below(figure, None, handles, labels, title)
 
 
 def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
     """The figure of one experiment from its parsed files: settings["figure"]["panels"], each one of
 
         {"kind": "curves", "columns": [c], "x": "step", "where": {label: value}, "max_step": n, "log": bool}
-            each configuration's mean over seeds per iteration, the seeds' min-max as a band;
+            each configuration's mean over seeds per iteration, the seeds' min-max as a band (none with two columns);
         {"kind": "values", "metrics": [m, ...], "where": {...}}
             every seed's value, the mean and the min-max per configuration (and per metric);
         {"kind": "sweep", "x": label key, "metric": m, "where": {...}}
@@ -1290,15 +1448,35 @@ def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
             axis.set_ylim(axes[panel["same_y_as"]].get_ylim())
     for axis in axes[len(panels):]:
         axis.set_visible(False)
-    _experiment_legend(figure, configurations, styles)
+    texts = configuration_texts([summary_rows[name]["label"] for name in configurations])
+    labels = [", ".join(parts) for parts in texts]
+    _experiment_legend(figure, configurations, styles, labels, statistics_key(settings, panels))
+    # the experiment and what it compares, in at most two lines; its source is in summary.md and the docs
     width_characters = int(PANEL_WIDTH * columns * 72 / (0.6 * STYLE["figure.titlesize"]))  # ~0.6 em a character
+    title = textwrap.fill(f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}",
+                          width_characters, max_lines=2, placeholder=" ...")
+    figure.suptitle(_literal(title), fontsize=STYLE["figure.titlesize"] - (0 if columns > 1 else 1.5))
+    return figure
+
+
+def statistics_key(settings, panels):
+    """What the lines, bands, bars, whiskers and dots of an experiment's panels are, for the kinds of panel
+    it has, with the seeds they summarize: the legend's title."""
     seeds = settings.get("seeds") or []
     seed_text = f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"{len(seeds)} seed"
-    title = textwrap.fill(f"{settings.get('experiment', 'experiment')}: {settings.get('summary', '')}", width_characters)
-    figure.suptitle(_literal(title + "\n" + textwrap.fill(f"{seed_text}; source: {settings.get('source', '')}",
-                                                          width_characters)),
-                    fontsize=STYLE["figure.titlesize"] - (0 if columns > 1 else 1.5))
-    return figure
+    kinds = [panel.get("kind") for panel in panels]
+    two_columns = any(len(panel.get("columns", ())) > 1 for panel in panels if panel.get("kind") == "curves")
+    parts = []
+    if "curves" in kinds:
+        shared = " (none where solid and dashed lines share a panel)" if two_columns else ""
+        parts.append(f"curves: line = mean over the seeds, band = min-max{shared}")
+    if "values" in kinds:
+        parts.append("strips: dot = one seed, bar = mean (written under it), whisker = min-max")
+    if "sweep" in kinds:
+        parts.append("sweeps: line = mean, band = min-max, dot = one seed")
+    if "claim" in kinds:
+        parts.append("claim: dot = one seed's value, red = mean and 95% interval")
+    return f"{seed_text}. " + "; ".join(parts)
 
 
 def experiment_figure_bytes(files, extension):

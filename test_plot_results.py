@@ -4,6 +4,7 @@ the plotter never imports torch.
     python -m unittest -v test_plot_results
 """
 
+import csv
 import json
 import math
 import os
@@ -355,7 +356,8 @@ class Plotter(unittest.TestCase):
         shutil.copytree(os.path.join(HERE, "results-experiments", "kl-estimators"), folder)
         with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
             settings = json.load(handle)
-        settings.update({"summary": "costs $\\frac{$", "source": "$5 paper"})
+        settings.update({"summary": "costs $\\frac{$"})
+        settings["figure"]["panels"][0]["title"] = "$5 panel"
         with open(os.path.join(folder, "settings.json"), "w", encoding="utf-8") as handle:
             json.dump(settings, handle)
         code, _, stderr = run_main(plot_results.main, ["--input", folder, "--output", output])
@@ -363,7 +365,7 @@ class Plotter(unittest.TestCase):
         with open(output, encoding="utf-8") as handle:
             svg = handle.read()
         self.assertIn("costs $\\frac{$", svg)
-        self.assertIn("source: $5 paper", svg)
+        self.assertIn("$5 panel", svg)
 
     def test_a_pipe_or_a_device_as_input_is_refused_and_creates_nothing(self):
         os.makedirs(self.path("fifo"))
@@ -583,7 +585,7 @@ class PlotterLabelsAndLayout(unittest.TestCase):
         self.assertEqual(plot_results.detect_kind(self.path("all", "grpo")), "online")
         kind, figure = self.figure([self.path("all")])
         self.assertEqual(kind, "online-all")
-        success, kl, length = figure.axes[:3]
+        success, kl, failure = figure.axes[:3]
         lines = data_lines(success)
         self.assertEqual([line.get_label().split(":")[0] for line in lines], ["PPO", "DPO", "GRPO", "CISPO"])
         for line, (name, rows) in zip(lines, runs.items()):
@@ -592,8 +594,10 @@ class PlotterLabelsAndLayout(unittest.TestCase):
             self.assertEqual(list(line.get_ydata()), [row["success_probability"] for row in rows])
         for line, rows in zip(data_lines(kl), runs.values()):
             self.assertEqual(list(line.get_ydata()), [row["kl_reference"] for row in rows])
-        for line, rows in zip(data_lines(length), runs.values()):  # a sampled-batch column: from step 1
-            self.assertEqual(list(line.get_xdata()), [row["total_tokens_sampled"] for row in rows[1:]])
+        for line, rows in zip(data_lines(failure), runs.values()):  # 1 - p on a log axis, every row (p < 1)
+            self.assertEqual(list(line.get_xdata()), [row["total_tokens_sampled"] for row in rows])
+            self.assertEqual(list(line.get_ydata()), [1.0 - row["success_probability"] for row in rows])
+        self.assertEqual(failure.get_yscale(), "log")
         self.assertEqual(success.get_xlabel(), "sampled tokens (total so far)")
         references = reference_labels(success)
         self.assertEqual(references["target 0.9"], 0.9)
@@ -601,7 +605,7 @@ class PlotterLabelsAndLayout(unittest.TestCase):
 
     def test_every_reference_line_is_labelled(self):
         _, figure = self.figure([os.path.join(HERE, "results")])
-        reward, probability, kl, loss = figure.axes[:4]
+        reward, reward_gap, kl, probability, probability_gap, loss = figure.axes[:6]
         self.assertEqual(reference_labels(reward), {"optimum 1": 1.0, "uniform start 0.233": (1.0 + 0.2 - 0.5) / 3})
         self.assertEqual(reference_labels(probability), {"always best 1": 1.0, "uniform start 1/3": 1 / 3})
         self.assertEqual(list(reference_labels(kl).values()), [math.log(3.0)])
@@ -640,6 +644,101 @@ class PlotterLabelsAndLayout(unittest.TestCase):
                 self.assertIn(text, stderr)
                 self.assertIn(name, stderr.split(":")[2])  # the file is named first, right after "error:"
                 self.assertFalse(os.path.exists(self.path("never")))
+
+
+def csv_rows(path):
+    with open(path, encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+class FiguresSayWhatTheyShow(unittest.TestCase):
+    """Each committed figure names its statistics, labels its strips and legends in words, and shows the
+    number its table quotes."""
+
+    def figure(self, inputs):
+        _, figure = plot_results.figure_for(inputs)
+        self.addCleanup(plot_results.plt.close, figure)
+        return figure
+
+    def experiment(self, name):
+        return self.figure([os.path.join(HERE, "results-experiments", name)])
+
+    def test_configuration_labels_read_as_words(self):
+        texts = plot_results.configuration_texts([{"group_size": 8.0, "dynamic_sampling": "False"},
+                                                 {"loss": "grpo", "epsilon_high": 0.28, "updates_per_batch": 2.0},
+                                                 {"reduction": "sequence", "overlong": "False"},
+                                                 {"a_new_key": "x"}])
+        self.assertEqual(texts, [["group size 8", "static sampling"], ["GRPO", "ε_high 0.28", "2 updates per batch"],
+                                 ["sequence mean"], ["a new key x"]])
+        self.assertEqual(plot_results.differing_keys([{"a": 1.0, "b": "x"}, {"a": 2.0, "b": "x"}]), ["a"])
+
+    def test_every_experiment_legend_is_words_under_a_key_of_its_statistics(self):
+        for name in ("zero-variance", "clip-higher", "four-algorithms", "reduction-length-bias"):
+            with self.subTest(experiment=name):
+                figure = self.experiment(name)
+                legend = figure.legends[0]
+                labels = [text.get_text() for text in legend.get_texts()]
+                self.assertTrue(labels)
+                for label in labels:  # no "group_size=8 dynamic_sampling=False"
+                    self.assertNotIn("=", label)
+                    self.assertNotIn("_", label.replace("ε_high", ""))
+                key = legend.get_title().get_text().replace("\n", " ")
+                self.assertRegex(key, r"^\d+ seeds \(\d+-\d+\)\. ")
+                with open(os.path.join(HERE, "results-experiments", name, "settings.json"), encoding="utf-8") as handle:
+                    kinds = {panel["kind"] for panel in plot_results._panels_of(json.load(handle))}
+                for kind, words in (("curves", "band = min-max"), ("values", "whisker = min-max"),
+                                    ("sweep", "sweeps: line = mean"), ("claim", "95% interval")):
+                    self.assertEqual(words in key, kind in kinds, (kind, key))
+                self.assertLessEqual(figure.get_suptitle().count("\n"), 1)  # at most two lines
+
+    def test_strips_have_their_configuration_and_mean_under_them_and_a_fitted_axis(self):
+        folder = os.path.join(HERE, "results-experiments", "clip-higher")
+        runs = csv_rows(os.path.join(folder, "runs.csv"))
+        stuck = self.experiment("clip-higher").axes[0]
+        ticks = [tick.get_text() for tick in stuck.get_xticklabels()]
+        self.assertEqual(len(ticks), 6)
+        first = [float(run["partial_stuck_prompts"]) for run in runs
+                 if run["configuration"] == "loss=grpo epsilon_high=0.2 updates_per_batch=8"]
+        self.assertEqual(ticks[0].split("\n")[0], "GRPO")
+        self.assertIn("8 updates", ticks[0].replace("\n", " "))
+        self.assertEqual(ticks[0].split("\n")[-1], f"{sum(first) / len(first):.4g}")
+        low, high = stuck.get_ylim()  # 0 and 1 stuck prompts: the axis ends just past them, not at 1.2
+        self.assertTrue(-0.1 < low < 0 and 1 < high < 1.1, (low, high))
+        self.assertEqual([tick for tick in stuck.get_yticks() if low <= tick <= high], [0, 1])
+
+    def test_passk_narrowing_shows_the_sft_start_beside_the_distinct_answers_after_rl(self):
+        folder = os.path.join(HERE, "results-experiments", "passk-narrowing")
+        runs = csv_rows(os.path.join(folder, "runs.csv"))
+        distinct = self.experiment("passk-narrowing").axes[3]
+        ticks = [tick.get_text() for tick in distinct.get_xticklabels()]
+        self.assertEqual(len(ticks), 4)  # before and after, for each beta
+        for tick, (beta, when) in zip(ticks, [("0.02", "before"), ("0.02", "after"), ("0.2", "before"),
+                                              ("0.2", "after")]):  # per configuration, its two metrics
+            values = [float(run[f"test_distinct_correct_per_prompt_{when}"]) for run in runs
+                      if run["configuration"] == f"beta={beta}"]
+            self.assertIn(f"{sum(values) / len(values):.4g}", tick)
+        self.assertIn("SFT start", distinct.get_title().replace("\n", " "))
+
+    def test_the_bandit_figure_shows_what_is_left_to_the_optimum_on_a_log_scale(self):
+        figure = self.figure([os.path.join(HERE, "results")])
+        gap = figure.axes[1]
+        self.assertEqual(gap.get_yscale(), "log")
+        rows = csv_rows(os.path.join(HERE, "results", "grpo.csv"))
+        line = [line for line in gap.get_lines() if line.get_label() == "GRPO"][0]
+        self.assertAlmostEqual(line.get_ydata()[-1], 1.0 - float(rows[-1]["expected_reward"]), delta=1e-12)
+
+    def test_the_transformer_figure_prints_pass_at_k_and_names_its_lines(self):
+        folder = os.path.join(HERE, "results-online-transformer-grpo-sequence")
+        with open(os.path.join(folder, "online.json"), encoding="utf-8") as handle:
+            evaluation = json.load(handle)["evaluation"]
+        figure = self.figure([folder])
+        success, passk, _, lengths = figure.axes[:4]
+        printed = [text.get_text() for text in passk.texts]
+        for which in ("before", "after"):  # the drop at pass@64 (1.00 -> 0.98) is written, not only drawn
+            self.assertIn(f"{evaluation[which]['pass@64']:.2f}", printed)
+        self.assertEqual([text.get_text() for text in passk.get_legend().get_texts()], ["SFT start", "after RL"])
+        self.assertEqual([text.get_text() for text in success.texts], ["train prompts", "test prompts"])
+        self.assertEqual([text.get_text() for text in lengths.texts], ["correct", "wrong"])
 
 
 if __name__ == "__main__":
