@@ -310,11 +310,11 @@ def draw_kl_beta(report):
     checks = report["optimum_checks"]
     reward_ax.plot([row["beta"] for row in checks], [row["expected_reward"] for row in checks], "o", color="tab:red",
                    label="beta where gradient ascent was checked")
-    reward_ax.set(xscale="log", xlabel="beta (nats of KL per unit of reward)", ylabel="expected reward",
+    reward_ax.set(xscale="log", xlabel="beta (reward per nat of KL)", ylabel="expected reward",
                   title="small beta: the reward's optimum")
     kl_ax.plot(betas, [row["kl_reference"] for row in curve], color="tab:green",
                label="KL(pi* || ref), mean over contexts")
-    kl_ax.set(xscale="log", xlabel="beta (nats of KL per unit of reward)", ylabel="KL(pi* || ref) (nats)",
+    kl_ax.set(xscale="log", xlabel="beta (reward per nat of KL)", ylabel="KL(pi* || ref) (nats)",
               title="large beta: stay at the reference")
     figure.suptitle("The optimum pi* ~ ref * exp(R / beta) on the bandit: beta trades reward for closeness")
     _legend_below(figure, [reward_ax, kl_ax], columns=2)
