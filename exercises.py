@@ -295,7 +295,11 @@ def raised_text(error):
     if isinstance(error, SystemExit):
         status = "" if error.code is None else repr(error.code)
         return f"called {'os._exit' if isinstance(error, LearnerExit) else 'sys.exit'}({status})"
-    return f"raised {type(error).__name__}: {one_line(error)}"
+    try:
+        message = one_line(error)
+    except Exception:  # an exception class of the learner's whose __str__ fails
+        message = "(its message cannot be shown)"
+    return f"raised {type(error).__name__}: {message}"
 
 
 def _learner_line(error, path):
@@ -434,9 +438,15 @@ def chosen_exercises(names=None):
     return [exercise for exercise in EXERCISES if names is None or exercise.name in names]
 
 
+def atom_of(module, name):
+    """The learner's module's `name`, or None: read from its namespace, so that a module __getattr__ of the
+    learner's does not run outside learner_code."""
+    return vars(module).get(name)
+
+
 def grade_file(module, path, names=None):
     """[Grade] for the exercises `names` (all when None), in the course's order."""
-    return [grade(exercise, getattr(module, exercise.name, None), path) for exercise in chosen_exercises(names)]
+    return [grade(exercise, atom_of(module, exercise.name), path) for exercise in chosen_exercises(names)]
 
 
 def _learner_or_exit(parser, path):
@@ -454,7 +464,7 @@ def check(parser, path, atom):
     grades = []
     for exercise in chosen_exercises(None if atom is None else [atom]):
         try:
-            result = grade(exercise, getattr(module, exercise.name, None), path)
+            result = grade(exercise, atom_of(module, exercise.name), path)
         except KeyboardInterrupt:
             print(f"{exercise.name}: interrupted while its cases ran (an endless loop?); the atoms after it were "
                   "not graded", flush=True)
@@ -591,7 +601,7 @@ def lab_run(name, steps):
 def train(parser, path, bandit_steps, online_steps):
     module = _learner_or_exit(parser, path)
     grades = grade_file(module, path)
-    passing = {result.name: getattr(module, result.name) for result in grades if result.status == "passed"}
+    passing = {result.name: atom_of(module, result.name) for result in grades if result.status == "passed"}
     if not passing:
         print(f"none of the atoms in {path} passes check yet: nothing to train with "
               f"(python exercises.py check --file {path})")

@@ -638,6 +638,19 @@ class LearnerFaults(unittest.TestCase):
         self.assertEqual(lines["kl_k2"], "kl_k2: failed: kl_k2 = 3 is not a function")
         self.assertNotIn("helper", stdout)
 
+    def test_a_module_getattr_or_an_exception_whose_message_fails_is_the_learners_fault_not_a_crash(self):
+        path = self.write("odd.py", "def __getattr__(name):\n    raise RuntimeError(name)\n\n\nclass Odd(Exception):\n"
+                                    "    def __str__(self):\n        raise ValueError\n\n\n"
+                                    "def kl_k1(policy_logps, ref_logps, *, check=True):\n    raise Odd()\n")
+        code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+        self.assertEqual((code, stderr), (1, ""))
+        lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
+        self.assertEqual(lines["gae"], "gae: not started (no function of that name)")  # __getattr__ never asked
+        self.assertIn("raised Odd: (its message cannot be shown) at", lines["kl_k1"])
+        path = self.write("odd-import.py", "class Odd(Exception):\n    def __str__(self):\n"
+                                           "        raise ValueError\n\n\nraise Odd()\n")
+        self.one_line_error(["check", "--file", path], 1, f"{path} line 6: raised Odd: (its message cannot be shown)")
+
     def test_an_atom_that_changes_its_input_in_place_fails_whatever_it_returns(self):
         for body in ("ref_logps.mul_(2)", "value = policy_logps - ref_logps.detach()\nref_logps.zero_()\nreturn value"):
             with self.subTest(body=body):
