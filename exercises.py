@@ -327,7 +327,11 @@ def load_learner(path):
     changes = []
     try:
         with learner_code(changes):
-            exec(code, module.__dict__)  # noqa: S102 (the learner's own file, run as an import would)
+            sys.modules[module.__name__] = module  # as during an import: @dataclass looks its module up there
+            try:
+                exec(code, module.__dict__)  # noqa: S102 (the learner's own file, run as an import would)
+            finally:
+                del sys.modules[module.__name__]  # never taken for one of the lab's modules afterwards
     except (Exception, SystemExit) as error:
         line = _learner_line(error, path)
         raise LearnerFileError(f"{path}{'' if line is None else f' line {line}'}: {raised_text(error)} "

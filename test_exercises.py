@@ -628,9 +628,10 @@ class LearnerFaults(unittest.TestCase):
         self.assertIn('case 3 of 4 "gradient: the weights carry none"', result.line)
         self.assertIn("expected False, got True (differs)", result.line)
 
-    def test_a_wrong_signature_or_a_non_function_fails_and_extra_functions_are_ignored(self):
-        path = self.write("odd.py", "def kl_k1(policy_logps):\n    return policy_logps\n\nkl_k2 = 3\n\n\n"
-                                    "def helper():\n    pass\n")
+    def test_a_wrong_signature_or_a_non_function_fails_and_extra_functions_and_classes_are_ignored(self):
+        path = self.write("odd.py", "import dataclasses\n\n\ndef kl_k1(policy_logps):\n    return policy_logps\n\n"
+                                    "kl_k2 = 3\n\n\ndef helper():\n    pass\n\n\n@dataclasses.dataclass\n"
+                                    "class Settings:\n    beta: float = 0.1\n")
         code, stdout, _ = run_main(exercises.main, ["check", "--file", path])
         self.assertEqual(code, 1)
         lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
