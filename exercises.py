@@ -93,11 +93,17 @@ from rl_lab import token_kl_penalty  # the lab's k3: cispo_policy_loss's default
 '''
 
 
+@functools.cache
+def _source_tree(filename):
+    """The ast of a lab module's source, parsed once (rl_lab.py holds most of the 18 atoms)."""
+    with open(filename, encoding="utf-8") as handle:
+        return ast.parse(handle.read())
+
+
 def _definition(function):
     """The ast node of a lab atom's definition, read from its module's source."""
     function = inspect.unwrap(function)
-    with open(inspect.getsourcefile(function), encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
+    tree = _source_tree(inspect.getsourcefile(function))
     return next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.__name__)
 
 
