@@ -1040,6 +1040,13 @@ def compute(chapter):
     return {"chapter": chapter, **_rounded(values)}
 
 
+def file_names(chapter):
+    """The names of the files a chapter writes: its JSON, then each of its figures."""
+    import plot_course
+
+    return [f"{chapter}.json"] + [f"{chapter}-{name}.svg" for name in plot_course.FIGURES.get(chapter, {})]
+
+
 def files_of(chapter, report):
     """{relative file name: text or bytes}: the chapter's JSON and each of its figures."""
     import plot_course
@@ -1066,7 +1073,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     chapters = list(CHAPTERS) if args.chapter == "all" else [args.chapter]
-    output_folder_or_exit(parser, args.output)
+    # every file is checked before any work: a folder, link or pipe where one goes is refused with the flag
+    output_folder_or_exit(parser, args.output, [name for chapter in chapters for name in file_names(chapter)])
     files = {}
     for chapter in chapters:
         for name, data in files_of(chapter, compute(chapter)).items():

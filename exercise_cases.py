@@ -19,6 +19,7 @@ steps, R response positions, V vocabulary, A actions.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -76,10 +77,18 @@ class Exercise:
 
 
 def given(*args, **kwargs):
-    """inputs for a case: () -> (args, kwargs); each argument may be a function building a fresh tensor."""
+    """inputs for a case: () -> (args, kwargs), new objects on every call; each argument may be a function
+    building a fresh tensor, and a tensor written here is copied, so that an atom that changes its input in
+    place cannot change the next call's (the expected value's, a later case's or the report's)."""
+    def fresh(value):
+        if callable(value):
+            return value()
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone().requires_grad_(value.requires_grad)
+        return value
+
     def build():
-        return tuple(arg() if callable(arg) else arg for arg in args), {
-            key: value() if callable(value) else value for key, value in kwargs.items()}
+        return tuple(fresh(arg) for arg in args), {key: fresh(value) for key, value in kwargs.items()}
     return build
 
 
@@ -960,9 +969,33 @@ BY_NAME = {exercise.name: exercise for exercise in EXERCISES}
 # ---------------------------------------------------------------------------------------------
 
 
+def _unusual(tensor):
+    """Why the values of `tensor` cannot be read as numbers here (a sparse, nested or meta tensor), or None."""
+    if tensor.is_nested or tensor.layout != torch.strided or tensor.device.type != "cpu":
+        layout = "nested" if tensor.is_nested else str(tensor.layout).replace("torch.", "")
+        return f"expected an ordinary CPU tensor, got a {layout} tensor on {tensor.device.type}"
+    return None
+
+
+def _name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _dtype_differs(obtained, expected):
+    """Why `obtained`'s dtype does not do for `expected`'s, or None: a float result in the expected float
+    dtype (a float32 result cannot hold the float64 values to 1e-10); an integer or bool result where
+    integers or bools are expected (a 0/1 mask may be either)."""
+    if expected.is_floating_point():
+        fits = obtained.dtype == expected.dtype
+    else:
+        fits = not (obtained.is_floating_point() or obtained.is_complex())
+    return None if fits else f"expected dtype {_name(expected.dtype)}, got {_name(obtained.dtype)}"
+
+
 def compare(obtained, expected, exact=False):
-    """None when `obtained` matches `expected` (tensors: shape and values within TOLERANCE, or exactly
-    with exact=True; tuples item by item; floats; bools), else the reason in a few words."""
+    """None when `obtained` matches `expected` (tensors: dtype, shape and values within TOLERANCE, or
+    exactly with exact=True; tuples item by item; floats; bools), else the reason in a few words.
+    Never raises, whatever `obtained` is: it is a learner's return value."""
     if isinstance(expected, tuple):
         if not isinstance(obtained, (tuple, list)) or len(obtained) != len(expected):
             return f"expected a tuple of {len(expected)} tensors"
@@ -974,13 +1007,17 @@ def compare(obtained, expected, exact=False):
     if isinstance(expected, bool):
         return None if obtained is expected or (isinstance(obtained, bool) and obtained == expected) else "differs"
     if isinstance(expected, float):
-        if isinstance(obtained, torch.Tensor) and obtained.numel() == 1:
+        if isinstance(obtained, torch.Tensor) and obtained.numel() == 1 and _unusual(obtained) is None and (
+                obtained.is_floating_point()):
             obtained = obtained.item()
         if isinstance(obtained, bool) or not isinstance(obtained, (int, float)):
             return f"expected a number, got {type(obtained).__name__}"
         return None if math.isclose(obtained, expected, rel_tol=TOLERANCE, abs_tol=TOLERANCE) else "differs"
     if not isinstance(obtained, torch.Tensor):
         return f"expected a tensor, got {type(obtained).__name__}"
+    reason = _unusual(obtained) or _dtype_differs(obtained, expected)
+    if reason is not None:
+        return reason
     if tuple(obtained.shape) != tuple(expected.shape):
         return f"expected shape {tuple(expected.shape)}, got shape {tuple(obtained.shape)}"
     mine, theirs = obtained.detach().to(DTYPE), expected.detach().to(DTYPE)
@@ -997,17 +1034,40 @@ def expected_value(case):
     return case.expected(*args, **kwargs)
 
 
+def _tensors(args, kwargs):
+    """[(position or keyword, tensor)] of a call's tensor arguments."""
+    return [(key, value) for key, value in [*enumerate(args), *kwargs.items()] if isinstance(value, torch.Tensor)]
+
+
+def _changed_inputs(atom, copies, args, kwargs):
+    """The names of the tensor arguments whose values differ from `copies` (taken before the call); a
+    positional one is named by the atom's own parameter name. The cases' inputs hold no NaN."""
+    try:
+        names = list(inspect.signature(atom).parameters)
+    except (TypeError, ValueError):  # a callable without a signature
+        names = []
+    changed = []
+    for (key, value), copy in zip(_tensors(args, kwargs), copies):
+        if value.shape != copy.shape or not torch.equal(value.detach(), copy):
+            changed.append(key if isinstance(key, str) else names[key] if key < len(names) else f"argument {key + 1}")
+    return changed
+
+
 def obtained_value(case, atom):
-    """What `atom` gives on the case (exceptions propagate: the caller reports them)."""
+    """(what `atom` gives on the case, [the inputs it changed in place]); exceptions propagate: the caller
+    reports them."""
     args, kwargs = case.inputs()
-    if case.measure is None:
-        return atom(*args, **kwargs)
-    return case.measure(atom, args, kwargs)
+    copies = [value.detach().clone() for _, value in _tensors(args, kwargs)]
+    obtained = atom(*args, **kwargs) if case.measure is None else case.measure(atom, args, kwargs)
+    return obtained, _changed_inputs(atom, copies, args, kwargs)
 
 
 def failure(case, atom):
-    """None when `atom` passes `case`, else (reason, obtained, expected); exceptions propagate."""
+    """None when `atom` passes `case`, else (reason, obtained, expected); exceptions propagate. An atom
+    that changes an input in place fails whatever it returns: a caller's tensor would change under it."""
     expected = expected_value(case)
-    obtained = obtained_value(case, atom)
+    obtained, changed = obtained_value(case, atom)
+    if changed:
+        return f"it changed {', '.join(changed)} in place: an atom leaves its inputs as they are", obtained, expected
     reason = compare(obtained, expected, case.exact)
     return None if reason is None else (reason, obtained, expected)

@@ -14,6 +14,12 @@ mistake and the chapter's section that explains it. The solutions are the lab's 
 atom, `passed (N cases)`, `not started` (the stub still raises NotImplementedError) or the first
 failing case. `train` puts the atoms that pass `check` in place of the lab's for the duration of
 each run, and prints each run's result beside the lab's own run.
+
+The learner's code shares the process with the cases and the lab's runs, so it must leave the process
+as it found it: a file or an atom that changes torch's settings (default dtype, grad mode, threads,
+global generator) or a name in the lab's modules (`rl_lab.gae = ...`), changes an input in place, or
+exits (sys.exit, os._exit) fails with one line, and the change is put back. An atom that never returns
+is stopped by Ctrl-C: the atoms graded so far are printed, then one line, status 130.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
 
 import argparse  # noqa: E402
 import ast  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import inspect  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
@@ -43,6 +51,7 @@ from exercise_cases import BY_NAME, EXERCISES, failure  # noqa: E402
 from lab_checks import torch_threads  # noqa: E402
 from lab_io import (  # noqa: E402
     OneLineErrorParser,
+    WriteFailed,
     input_file_problem,
     int_flag,
     one_line,
@@ -84,11 +93,17 @@ from rl_lab import token_kl_penalty  # the lab's k3: cispo_policy_loss's default
 '''
 
 
+@functools.cache
+def _source_tree(filename):
+    """The ast of a lab module's source, parsed once (rl_lab.py holds most of the 18 atoms)."""
+    with open(filename, encoding="utf-8") as handle:
+        return ast.parse(handle.read())
+
+
 def _definition(function):
     """The ast node of a lab atom's definition, read from its module's source."""
     function = inspect.unwrap(function)
-    with open(inspect.getsourcefile(function), encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
+    tree = _source_tree(inspect.getsourcefile(function))
     return next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == function.__name__)
 
 
@@ -123,23 +138,30 @@ def stub_text(file_name=DEFAULT_FILE):
 
 
 def start(parser, path):
-    """Write the stubs to `path`; an existing path of any kind is refused and left as it is."""
+    """Write the stubs to `path`; an existing path of any kind is refused and left as it is, and a write
+    that fails (a full disk) leaves no file."""
     if os.path.lexists(path):
         parser.error(f"argument --file: {path} already exists; start never replaces a file (choose another --file)")
     problem = output_file_problem(path)
+    folder = os.path.dirname(path)
+    if problem is None and folder and not os.path.isdir(folder):
+        problem = f"the folder {folder!r} does not exist (create it first)"
     if problem is not None:
         parser.error(f"argument --file: {problem}")
     text = stub_text(os.path.basename(path))
+    created = False
     try:
         with open(path, "x", encoding="utf-8") as handle:  # "x": fails rather than replace a file made meanwhile
-            try:
-                handle.write(text)
-            except BaseException:
-                handle.close()
-                os.remove(path)  # never leave half a file
-                raise
+            created = True
+            handle.write(text)
     except FileExistsError:
         parser.error(f"argument --file: {path} already exists; start never replaces a file (choose another --file)")
+    except BaseException as error:  # the write or the close (the last buffer) failed, or a Ctrl-C came
+        if created:
+            os.remove(path)  # never leave half a file
+        if isinstance(error, OSError):
+            raise WriteFailed(f"cannot write {path}: {error.strerror or error}; nothing was written") from None
+        raise
     print(f"wrote {path}: {len(EXERCISES)} stubs, chapters 01-10; next: python exercises.py check --file {path}")
     return 0
 
@@ -153,6 +175,139 @@ class LearnerFileError(Exception):
     """The learner's file does not import; the message is one line naming the file and the line."""
 
 
+# ---------------------------------------------------------------------------------------------
+# The learner's code runs in this process: whatever it changes for the process is put back
+# ---------------------------------------------------------------------------------------------
+# The learner's file and atoms run in the lab's own process, beside the cases, their references and the
+# lab's own runs. learner_code() records what they could change for all of those, puts back whatever a
+# block of the learner's code changed, and lists it, so that the change is reported as the learner's (an
+# atom is a pure function) and never alters a later case or the lab's values:
+# - the process settings below (torch's default dtype, grad mode, threads, global generator; the output
+#   streams; the working folder);
+# - the names in the lab's modules (and their registries, one level down) and in torch's, F's, math's and
+#   torch.Tensor's namespaces, through which the cases, references and runs find their functions: a
+#   learner's `rl_lab.gae = gae` would otherwise make the lab's own run use the learner's gae.
+# os._exit, which would end the process at once and without a word, raises LearnerExit in the block.
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _set_default_device(device):
+    torch.set_default_device(None if device.type == "cpu" else device)  # None: no device mode left installed
+
+
+PROCESS_SETTINGS = (  # (what it is, how it is set, read, put back)
+    ("torch's default dtype", "torch.set_default_dtype", torch.get_default_dtype, torch.set_default_dtype),
+    ("torch's grad mode", "torch.set_grad_enabled", torch.is_grad_enabled, torch.set_grad_enabled),
+    ("torch's thread count", "torch.set_num_threads", torch.get_num_threads, torch.set_num_threads),
+    ("torch's default device", "torch.set_default_device", torch.get_default_device, _set_default_device),
+    ("torch's global random generator", "torch.manual_seed, or a draw without generator=",
+     torch.get_rng_state, torch.set_rng_state),
+    ("torch's deterministic mode", "torch.use_deterministic_algorithms", torch.are_deterministic_algorithms_enabled,
+     torch.use_deterministic_algorithms),
+    ("sys.stdout", "an assignment", lambda: sys.stdout, lambda value: setattr(sys, "stdout", value)),
+    ("sys.stderr", "an assignment", lambda: sys.stderr, lambda value: setattr(sys, "stderr", value)),
+    ("the working folder", "os.chdir", os.getcwd, os.chdir),
+)
+SHOWN_CHANGES = 3  # a report names at most this many changes
+
+
+class LearnerExit(SystemExit):
+    """The learner's code called os._exit: raised instead, so that the process can report it."""
+
+
+def _exit_raises(status):
+    raise LearnerExit(status)
+
+
+# the namespaces outside the lab through which the cases and the lab's atoms find their functions
+LIBRARY_NAMESPACES = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.Tensor": torch.Tensor,
+                      "math": math}
+
+
+def _lab_modules():
+    """{name: module} of the lab's modules loaded so far: every module whose file is in this folder."""
+    return {name: module for name, module in list(sys.modules.items())
+            if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.sep)) == HERE}
+
+
+def _snapshot():
+    """({name: (namespace, its names and values, {registry name: its items})}, [each process setting]).
+    A registry is a dict held by a lab module (rl_lab.KL_ESTIMATORS)."""
+    namespaces = {}
+    for name, namespace in {**_lab_modules(), **LIBRARY_NAMESPACES}.items():
+        names = dict(vars(namespace))
+        registries = {} if name in LIBRARY_NAMESPACES else {
+            key: dict(value) for key, value in names.items() if type(value) is dict and not key.startswith("__")}
+        namespaces[name] = (namespace, names, registries)
+    return namespaces, [read() for _, _, read, _ in PROCESS_SETTINGS]
+
+
+def _same(before, after):
+    if isinstance(before, torch.Tensor):
+        return isinstance(after, torch.Tensor) and torch.equal(before, after)
+    return before == after
+
+
+def _put_back(snapshot):
+    """Restore what changed since `snapshot` was taken; return [what changed, in words]. The settings
+    first: torch's own setters rebind names (set_default_dtype rebinds torch.Storage)."""
+    namespaces, settings = snapshot
+    changed = []
+    for (what, how, read, put), before in zip(PROCESS_SETTINGS, settings):
+        if not _same(before, read()):
+            changed.append(f"{what} ({how})")
+            put(before)
+    for name, (namespace, names, registries) in namespaces.items():
+        now = dict(vars(namespace))
+        for key, value in names.items():
+            if key not in now or now[key] is not value:
+                changed.append(f"{name}.{key}")
+                setattr(namespace, key, value)
+        for key, value in now.items():  # a name added; an imported submodule is no change
+            if key not in names and not isinstance(value, types.ModuleType):
+                changed.append(f"{name}.{key}")
+                delattr(namespace, key)
+        for key, items in registries.items():
+            registry = names[key]
+            if registry.keys() != items.keys() or any(registry[entry] is not item for entry, item in items.items()):
+                changed.append(f"{name}.{key}")
+                registry.clear()
+                registry.update(items)
+    return changed
+
+
+@contextlib.contextmanager
+def learner_code(changes):
+    """Run a block of the learner's code; afterwards (an exception included) everything it changed for the
+    process is put back, and `changes` (a list) receives what, in words."""
+    snapshot, real_exit = _snapshot(), os._exit
+    os._exit = _exit_raises
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+        changes.extend(_put_back(snapshot))
+
+
+def changes_text(changes):
+    """'a, b and 2 more' for a list of changes."""
+    shown = ", ".join(changes[:SHOWN_CHANGES])
+    return shown + (f" and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else "")
+
+
+def raised_text(error):
+    """What the learner's code did, in words: an exit, or an exception and its message."""
+    if isinstance(error, SystemExit):
+        status = "" if error.code is None else repr(error.code)
+        return f"called {'os._exit' if isinstance(error, LearnerExit) else 'sys.exit'}({status})"
+    try:
+        message = one_line(error)
+    except Exception:  # an exception class of the learner's whose __str__ fails
+        message = "(its message cannot be shown)"
+    return f"raised {type(error).__name__}: {message}"
+
+
 def _learner_line(error, path):
     """The line of the deepest frame of `error`'s traceback inside the learner's file, or None."""
     where = os.path.abspath(path)
@@ -161,45 +316,70 @@ def _learner_line(error, path):
 
 
 def load_learner(path):
-    """The learner's file as a module, compiled and run in this process (no bytecode written, so an
-    edit is always seen). Raises LearnerFileError with one line for a file that does not import."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    """The learner's file as a module, compiled and run in this process as an import would (from its bytes,
+    so that Python decodes them as it decodes a module: UTF-8 or the file's coding line; no bytecode
+    written, so an edit is always seen). Raises LearnerFileError with one line for a file that does not
+    import, exits, or changes the process (see learner_code)."""
+    with open(path, "rb") as handle:
         source = handle.read()
     module = types.ModuleType("learner_atoms")
     module.__file__ = os.path.abspath(path)
     try:
         code = compile(source, module.__file__, "exec")
-    except SyntaxError as error:
-        raise LearnerFileError(f"{path} line {error.lineno}: {type(error).__name__}: {error.msg} "
-                               "(the file does not import)") from None
+    except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte, before Python 3.12
+        line = getattr(error, "lineno", None)
+        raise LearnerFileError(f"{path}{f' line {line}' if line else ''}: {type(error).__name__}: "
+                               f"{one_line(getattr(error, 'msg', error))} (the file does not import)") from None
+    changes = []
     try:
-        exec(code, module.__dict__)  # noqa: S102 (the learner's own file, run as an import would)
+        with learner_code(changes):
+            sys.modules[module.__name__] = module  # as during an import: @dataclass looks its module up there
+            try:
+                exec(code, module.__dict__)  # noqa: S102 (the learner's own file, run as an import would)
+            finally:
+                del sys.modules[module.__name__]  # never taken for one of the lab's modules afterwards
     except (Exception, SystemExit) as error:
         line = _learner_line(error, path)
-        raise LearnerFileError(f"{path}{'' if line is None else f' line {line}'}: "
-                               f"{type(error).__name__}: {one_line(error)} (the file does not import)") from None
+        raise LearnerFileError(f"{path}{'' if line is None else f' line {line}'}: {raised_text(error)} "
+                               "(the file does not import)") from None
+    if changes:
+        raise LearnerFileError(f"{path}: importing it changes {changes_text(changes)}; the lab put it back. The "
+                               "cases and the lab's runs share this process: a file of atoms leaves it as it found it")
     return module
 
 
 def short(value):
-    """A value on one short line: tensors as nested lists of 6 significant digits."""
+    """A value on one short line: tensors as nested lists of 6 significant digits. Never raises and never
+    reads more of a value than it shows: it is a learner's return value."""
     if isinstance(value, torch.Tensor):
-        value = value.detach()
-        if value.dtype == torch.bool:
-            text = str(value.tolist()).replace("True", "T").replace("False", "F")
-        elif value.is_floating_point():
-            text = str(_rounded(value.tolist()))
+        if value.is_nested or value.layout != torch.strided or value.device.type != "cpu":
+            text = f"a {'nested' if value.is_nested else str(value.layout).replace('torch.', '')} tensor " \
+                   f"on {value.device.type}"  # its values cannot be listed
         else:
-            text = str(value.tolist())
-        if value.dim() > 1:
-            text = f"{tuple(value.shape)} {text}"
+            text = _tensor_text(value.detach())
     elif isinstance(value, (tuple, list)):
-        text = "(" + ", ".join(short(item) for item in value) + ")"
+        text = "(" + ", ".join(short(item) for item in value[:SHOWN_CHARACTERS]) + ")"
     elif isinstance(value, float):
         text = f"{value:.6g}"
     else:
-        text = repr(value)
+        try:
+            text = repr(value)
+        except Exception:  # a learner's object whose repr fails
+            text = f"a {type(value).__name__}"
     return text if len(text) <= SHOWN_CHARACTERS else text[:SHOWN_CHARACTERS - 3] + "..."
+
+
+def _tensor_text(value):
+    """A CPU tensor's values; one of more than SHOWN_CHARACTERS elements as its first ones, flattened."""
+    cut = value.numel() > SHOWN_CHARACTERS  # cut anyway when shown: listing all of a huge tensor takes minutes
+    shown = value.reshape(-1)[:SHOWN_CHARACTERS] if cut else value
+    if shown.dtype == torch.bool:
+        text = str(shown.tolist()).replace("True", "T").replace("False", "F")
+    elif shown.is_floating_point():
+        text = str(_rounded(shown.tolist()))
+    else:
+        text = str(shown.tolist())
+    return f"{tuple(value.shape)} {text}" if value.dim() > 1 or cut else text
 
 
 def _rounded(values):
@@ -227,27 +407,34 @@ class Grade:
 
 def grade(exercise, function, path=None):
     """Run `exercise`'s cases on `function` in order; stop at the first failing one. path: the learner's
-    file, to locate an exception raised inside it."""
+    file, to locate an exception raised inside it. Each case runs under learner_code: a case that changes
+    the process fails, and the change is put back before the next."""
     if function is None:
         return Grade(exercise.name, "not started", f"{exercise.name}: not started (no function of that name)")
     if not callable(function):
-        return Grade(exercise.name, "failed", f"{exercise.name}: failed: it is a {type(function).__name__}, "
-                                              "not a function")
+        return Grade(exercise.name, "failed", f"{exercise.name}: failed: {exercise.name} = {short(function)} is not "
+                                              "a function")
     for number, case in enumerate(exercise.cases, start=1):
         where = f'case {number} of {len(exercise.cases)} "{case.name}"'
         hint = f"hint: {case.hint} (see {exercise.pointer(case)})"
+        changes = []
         try:
-            found = failure(case, function)
+            with learner_code(changes):
+                found = failure(case, function)
         except NotImplementedError:
-            if number == 1:
+            if number == 1 and not changes:
                 return Grade(exercise.name, "not started", f"{exercise.name}: not started")
             found = ("raised NotImplementedError", None, None)
-        except Exception as error:  # the learner's atom failed: a failing case, never a crash of the lab
+        except (Exception, SystemExit) as error:  # the learner's atom failed: a failing case, never a crash
             line = _learner_line(error, path) if path else None
-            raised = f"raised {type(error).__name__}: {short(one_line(error))[1:-1]}" + (
-                f" at {path}:{line}" if line else "")
+            raised = short(raised_text(error))[1:-1] + (f" at {path}:{line}" if line else "")
             return Grade(exercise.name, "failed",
                          f"{exercise.name}: failed {where}: input {_shown_inputs(case, exercise)}; {raised}; {hint}")
+        if changes:
+            return Grade(exercise.name, "failed",
+                         f"{exercise.name}: failed {where}: input {_shown_inputs(case, exercise)}; it changed "
+                         f"{changes_text(changes)}, which the lab put back: an atom leaves the process as it "
+                         "found it (the cases and the lab's runs share it)")
         if found is not None:
             reason, obtained, expected = found
             return Grade(exercise.name, "failed",
@@ -256,25 +443,44 @@ def grade(exercise, function, path=None):
     return Grade(exercise.name, "passed", f"{exercise.name}: passed ({len(exercise.cases)} cases)")
 
 
+def chosen_exercises(names=None):
+    """The exercises `names` (all when None), in the course's order."""
+    return [exercise for exercise in EXERCISES if names is None or exercise.name in names]
+
+
+def atom_of(module, name):
+    """The learner's module's `name`, or None: read from its namespace, so that a module __getattr__ of the
+    learner's does not run outside learner_code."""
+    return vars(module).get(name)
+
+
 def grade_file(module, path, names=None):
     """[Grade] for the exercises `names` (all when None), in the course's order."""
-    chosen = [exercise for exercise in EXERCISES if names is None or exercise.name in names]
-    return [grade(exercise, getattr(module, exercise.name, None), path) for exercise in chosen]
+    return [grade(exercise, atom_of(module, exercise.name), path) for exercise in chosen_exercises(names)]
 
 
 def _learner_or_exit(parser, path):
-    problem = input_file_problem(path)
+    problem = "expected a file path" if not path else input_file_problem(path)
     if problem is not None:
-        hint = f"; write one with python exercises.py start --file {path}" if not os.path.lexists(path) else ""
-        parser.error(f"argument --file: {path}: {problem}{hint}")
+        hint = f"; write one with python exercises.py start --file {path}" if path and not os.path.lexists(path) else ""
+        parser.error(f"argument --file: {path!r}: {problem}{hint}")
     return load_learner(path)
 
 
 def check(parser, path, atom):
+    """Grade the learner's file, printing each atom's line as soon as it is known: a Ctrl-C (an atom that
+    never returns) stops with the lines so far, the interrupted atom's and one line from run_cli."""
     module = _learner_or_exit(parser, path)
-    grades = grade_file(module, path, None if atom is None else [atom])
-    for result in grades:
-        print(result.line)
+    grades = []
+    for exercise in chosen_exercises(None if atom is None else [atom]):
+        try:
+            result = grade(exercise, atom_of(module, exercise.name), path)
+        except KeyboardInterrupt:
+            print(f"{exercise.name}: interrupted while its cases ran (an endless loop?); the atoms after it were "
+                  "not graded", flush=True)
+            raise
+        print(result.line, flush=True)
+        grades.append(result)
     counts = {status: sum(result.status == status for result in grades) for status in ("passed", "failed",
                                                                                         "not started")}
     if len(grades) > 1:
@@ -405,7 +611,7 @@ def lab_run(name, steps):
 def train(parser, path, bandit_steps, online_steps):
     module = _learner_or_exit(parser, path)
     grades = grade_file(module, path)
-    passing = {result.name: getattr(module, result.name) for result in grades if result.status == "passed"}
+    passing = {result.name: atom_of(module, result.name) for result in grades if result.status == "passed"}
     if not passing:
         print(f"none of the atoms in {path} passes check yet: nothing to train with "
               f"(python exercises.py check --file {path})")
@@ -424,12 +630,17 @@ def train(parser, path, bandit_steps, online_steps):
         start_value, lab_value = lab_rows[0][run.metric], lab_rows[-1][run.metric]
         bar = learns_threshold(start_value)
         metric = run.metric.replace("_", " ")
+        changes = []
         try:
-            rows, calls = run_with(run, mine, steps)
-        except Exception as error:  # the learner's atom failed inside the loop: reported, not a crash
+            with learner_code(changes):
+                rows, calls = run_with(run, mine, steps)
+        except (Exception, SystemExit) as error:  # the learner's atom failed inside the loop: reported, not a crash
             line = _learner_line(error, path)
-            print(f"{label}: your atoms raised {type(error).__name__}: {one_line(error)}"
-                  f"{f' at {path}:{line}' if line else ''}; does NOT learn")
+            print(f"{label}: your atoms {raised_text(error)}{f' at {path}:{line}' if line else ''}; does NOT learn")
+            learned = False
+            continue
+        if changes:
+            print(f"{label}: your atoms changed {changes_text(changes)}, which the lab put back; does NOT learn")
             learned = False
             continue
         value = rows[-1][metric.replace(" ", "_")]

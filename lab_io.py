@@ -330,7 +330,7 @@ def input_file_problem(path, max_bytes=MAX_INPUT_BYTES):
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
     if info.st_size > max_bytes:
-        return f"{info.st_size} bytes, far larger than any output of the lab"
+        return f"{info.st_size} bytes, more than the {max_bytes} bytes read at most (no file the lab reads is as large)"
     return None
 
 

@@ -14,6 +14,7 @@ import unittest
 from dataclasses import dataclass, field
 
 import bench
+import course
 import exercises
 import experiments
 import library_map
@@ -129,6 +130,10 @@ PROGRAMS = {
         ("--steps", ["train", "--steps", "0"]), ("--online-steps", ["train", "--online-steps", "1001"]),
         ("--steps", ["check", "--steps", "5"]),  # a flag of train only
     ], writes=False),
+    "course.py": Program(course.main, course.build_parser, ["--chapter", "01-log-probabilities", "--output", "{out}"],
+                         "folder", [("--chapter", ["--chapter", "nope"]), ("--chapter", ["--chapter", ""]),
+                                    ("--output", ["--output", ""]),
+                                    ("--output", ["--output", os.path.join(HERE, "README.txt", "inside")])]),
     "make_docs.py": Program(make_docs.main, make_docs.build_parser, None, "none", [("--check", ["--check=yes"])],
                             writes=False),
 }

@@ -11,7 +11,9 @@ import itertools
 import json
 import math
 import os
+import tempfile
 import unittest
+from unittest import mock
 
 import torch
 
@@ -20,7 +22,7 @@ import course
 import plot_course
 import rl_lab
 from lab_io import json_text
-from lab_testing import HERE, committed_differences, describe_differences, single_thread_module
+from lab_testing import HERE, committed_differences, describe_differences, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()
 
@@ -30,6 +32,38 @@ class Chapters(unittest.TestCase):
         self.assertEqual(list(course.CHAPTERS), [f"{n:02d}-" + name for n, name in enumerate(
             ["log-probabilities", "policy-gradient", "baselines-and-gae", "reusing-a-batch", "trust-regions",
              "kl-regularized-objective", "preferences", "groups", "sequences", "the-whole-loop"], start=1)])
+
+
+class CommandLine(unittest.TestCase):
+    """What is particular to course.py's command line; the contract every program keeps is test_cli's."""
+
+    def test_the_files_named_before_the_work_are_the_files_written(self):
+        named = [name for chapter in course.CHAPTERS for name in course.file_names(chapter)]
+        self.assertEqual(sorted(named), sorted(os.listdir(os.path.join(HERE, course.OUTPUT))))
+        chapter = "01-log-probabilities"
+        self.assertEqual(list(course.files_of(chapter, report_of(chapter))), course.file_names(chapter))
+
+    def test_a_folder_link_or_pipe_where_a_file_goes_is_refused_before_any_work(self):
+        chapter = "01-log-probabilities"
+        json_name, figure_name = course.file_names(chapter)[:2]
+        for kind, name in (("folder", json_name), ("link", json_name), ("pipe", figure_name)):
+            with self.subTest(kind=kind), tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "out")
+                os.mkdir(out)
+                kept = os.path.join(tmp, "kept.json")
+                with open(kept, "w", encoding="utf-8") as handle:
+                    handle.write("mine\n")
+                target = os.path.join(out, name)
+                {"folder": os.mkdir, "link": lambda path: os.symlink(kept, path), "pipe": os.mkfifo}[kind](target)
+                with mock.patch("course.compute", side_effect=AssertionError("computed before the check")):
+                    code, stdout, stderr = run_main(course.main, ["--chapter", chapter, "--output", out])
+                self.assertEqual((code, stdout), (2, ""))
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn("argument --output:", stderr)
+                self.assertIn(repr(os.path.join(os.path.realpath(out), name)), stderr)
+                self.assertEqual(os.listdir(out), [name])
+                with open(kept, encoding="utf-8") as handle:
+                    self.assertEqual(handle.read(), "mine\n")
 
 
 # ---------------------------------------------------------------------------------------------

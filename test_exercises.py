@@ -4,12 +4,16 @@ started", a learner's usual mistakes are caught with the hint that names them, a
     python -m unittest -v test_exercises
 """
 
+import errno
 import inspect
+import io
 import math
 import os
 import re
+import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +22,7 @@ import exercise_cases
 import exercises
 import rl_lab
 from exercise_cases import BY_NAME, EXERCISES
+from lab_io import MAX_INPUT_BYTES
 from lab_testing import HERE, run_cli_in_process, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -237,9 +242,15 @@ class Cases(unittest.TestCase):
         self.assertEqual(chapters, sorted(chapters))
         self.assertEqual(len({exercise.name for exercise in EXERCISES}), len(EXERCISES))
 
-    def test_compare_checks_shape_values_and_exactness(self):
+    def test_compare_checks_dtype_shape_values_and_exactness(self):
         compare = exercise_cases.compare
-        self.assertIsNone(compare(torch.tensor([1, 0]), torch.tensor([1.0, 0.0], dtype=torch.float64)))
+        self.assertIsNone(compare(torch.tensor([1, 0]), torch.tensor([True, False])))  # a 0/1 mask: ints or bools
+        self.assertEqual(compare(torch.tensor([1, 0]), torch.tensor([1.0, 0.0], dtype=torch.float64)),
+                         "expected dtype float64, got int64")
+        self.assertEqual(compare(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0], dtype=torch.float64)),
+                         "expected dtype float64, got float32")  # float32 cannot hold float64's values to 1e-10
+        self.assertEqual(compare(torch.tensor([1, 0]).to(torch.complex128), torch.tensor([1, 0])),
+                         "expected dtype int64, got complex128")
         self.assertIn("shape", compare(torch.tensor(1.0), torch.tensor([1.0])))
         self.assertEqual(compare(torch.tensor([1e-12]), torch.tensor([0.0]), exact=True),
                          "differs (exact values expected)")
@@ -415,6 +426,304 @@ class Commands(unittest.TestCase):
         self.assertIs(rl_lab.dpo_loss, BY_NAME["dpo_loss"].solution)
         self.assertTrue(math.isclose(rl_lab.train("dpo", steps=2)[0][-1]["expected_reward"],
                                      exercises.lab_run("bandit dpo", 2)[-1]["expected_reward"]))
+
+
+def k1_file(body, header=""):
+    """A learner's file whose kl_k1 runs `body` (indented lines) before returning the right value."""
+    lines = "".join(f"    {line}\n" for line in body.splitlines())
+    return (f"import os\nimport sys\n\nimport torch\n{header}\n\ndef kl_k1(policy_logps, ref_logps, *, check=True):\n"
+            f"{lines}    return policy_logps - ref_logps.detach()\n")
+
+
+def process_state():
+    """What a learner's code must leave as it found it, comparable with ==."""
+    return (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads(), torch.get_rng_state().tolist(),
+            os.getcwd(), rl_lab.gae, rl_lab.KL_ESTIMATORS["k3"], exercise_cases.TOLERANCE, torch.exp, torch.Tensor.exp)
+
+
+class FullDisk:
+    """open() for start's write: writes the first 100 characters, then fails as a full disk does, in write()
+    or in close() (the last buffer, written when the file is closed)."""
+
+    def __init__(self, path, mode, encoding, at):
+        self.handle, self.at = open(path, mode, encoding=encoding), at
+
+    def __enter__(self):
+        return self
+
+    def write(self, text):
+        self.handle.write(text[:100])
+        if self.at == "write":
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __exit__(self, *exc):
+        self.handle.close()
+        if self.at == "close":
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+class LearnerFaults(unittest.TestCase):
+    """A learner's file or command that goes wrong: one clear line, nothing lost, and the lab unchanged."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        self.before = process_state()
+        self.addCleanup(lambda: self.assertEqual(process_state(), self.before, "the process was left changed"))
+
+    def write(self, name, text, encoding="utf-8"):
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "wb") as handle:
+            handle.write(text if isinstance(text, bytes) else text.encode(encoding))
+        return path
+
+    def one_line_error(self, argv, code, *phrases):
+        status, stdout, stderr = run_cli_in_process(exercises.main, argv)
+        self.assertEqual(status, code, stderr)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertNotIn("Traceback", stderr)
+        for phrase in phrases:
+            self.assertIn(phrase, stderr)
+        return stdout, stderr
+
+    def grade_k1(self, body, header=""):
+        return exercises.grade(BY_NAME["kl_k1"], exercises.load_learner(self.write("k1.py", k1_file(body, header)))
+                               .kl_k1, os.path.join(self.tmp.name, "k1.py"))
+
+    def test_start_refuses_a_link_a_fifo_and_a_missing_folder_before_writing(self):
+        mine = self.write("mine.py", "my own work\n")
+        os.symlink(mine, os.path.join(self.tmp.name, "link.py"))
+        os.symlink(os.path.join(self.tmp.name, "nowhere.py"), os.path.join(self.tmp.name, "dangling.py"))
+        os.mkfifo(os.path.join(self.tmp.name, "fifo.py"))
+        listing = sorted(os.listdir(self.tmp.name))
+        for name, phrase in (("link.py", "already exists"), ("dangling.py", "already exists"),
+                             ("fifo.py", "already exists"), (os.path.join("missing", "new.py"), "does not exist"),
+                             (os.path.join("mine.py", "new.py"), "is not a folder")):
+            with self.subTest(name=name):
+                stdout, _ = self.one_line_error(["start", "--file", os.path.join(self.tmp.name, name)], 2, "--file",
+                                                phrase)
+                self.assertEqual(stdout, "")
+        self.assertEqual(sorted(os.listdir(self.tmp.name)), listing)
+        self.assertEqual(os.readlink(os.path.join(self.tmp.name, "dangling.py")),
+                         os.path.join(self.tmp.name, "nowhere.py"))
+        with open(mine, encoding="utf-8") as handle:
+            self.assertEqual(handle.read(), "my own work\n")
+        self.one_line_error(["start", "--file", ""], 2, "--file", "expected a file path")
+
+    @unittest.skipIf(os.geteuid() == 0, "root writes into a read-only folder")
+    def test_start_refuses_a_read_only_folder(self):
+        folder = os.path.join(self.tmp.name, "read-only")
+        os.mkdir(folder, 0o555)
+        self.addCleanup(os.chmod, folder, 0o755)
+        self.one_line_error(["start", "--file", os.path.join(folder, "new.py")], 2, "--file", "cannot write")
+        self.assertEqual(os.listdir(folder), [])
+
+    def test_start_on_a_full_disk_leaves_no_half_file(self):
+        path = os.path.join(self.tmp.name, "mine.py")
+        for at in ("write", "close"):
+            def fake_open(name, mode="r", encoding=None, at=at):  # only start's write ("x") meets the full disk
+                return FullDisk(name, mode, encoding, at) if mode == "x" else open(name, mode, encoding=encoding)
+
+            with self.subTest(at=at), mock.patch("exercises.open", create=True, side_effect=fake_open):
+                stdout, _ = self.one_line_error(["start", "--file", path], 1, f"cannot write {path}",
+                                                "No space left on device", "nothing was written")
+                self.assertEqual(stdout, "")
+                self.assertEqual(os.listdir(self.tmp.name), [])
+
+    def test_a_file_is_decoded_as_python_decodes_a_module(self):
+        # a coding line is honoured; bytes that are not UTF-8 without one are an error, never replaced silently
+        latin = self.write("latin.py", "# -*- coding: latin-1 -*-\nWORD = 'café'\n" + k1_file(""), "latin-1")
+        self.assertEqual(exercises.load_learner(latin).WORD, "café")
+        self.assertEqual(run_main(exercises.main, ["check", "--file", latin, "--atom", "kl_k1"])[:2],
+                         (0, "kl_k1: passed (3 cases)\n"))
+        self.assertEqual(exercises.load_learner(self.write("bom.py", b"\xef\xbb\xbfWORD = 1\n")).WORD, 1)
+        not_utf8 = self.write("not-utf8.py", "WORD = 'café'\n", "latin-1")
+        self.one_line_error(["check", "--file", not_utf8], 1, f"{not_utf8} line 1: SyntaxError", "utf-8")
+        nul = self.write("nul.py", b"WORD = 1\n\0\n")
+        _, stderr = self.one_line_error(["check", "--file", nul], 1, f"{nul}: SyntaxError", "null bytes")
+        self.assertNotIn("None", stderr)
+
+    def test_a_path_that_is_empty_a_folder_a_fifo_or_huge_exits_2_naming_the_file(self):
+        os.mkfifo(os.path.join(self.tmp.name, "fifo.py"))
+        huge = self.write("huge.py", "")
+        os.truncate(huge, MAX_INPUT_BYTES + 1)  # sparse: no time spent writing it
+        for path, phrase in (("", "expected a file path"), (self.tmp.name, "not a regular file"),
+                             (os.path.join(self.tmp.name, "fifo.py"), "not a regular file"),
+                             (huge, f"{MAX_INPUT_BYTES + 1} bytes, more than")):
+            with self.subTest(path=path):
+                self.one_line_error(["check", "--file", path], 2, "--file", phrase)
+
+    def test_an_exit_at_import_is_one_line_and_status_1(self):
+        for statement, shown in (("sys.exit()", "called sys.exit()"), ("sys.exit(0)", "called sys.exit(0)"),
+                                 ("os._exit(0)", "called os._exit(0)")):
+            with self.subTest(statement=statement), mock.patch("os._exit", side_effect=AssertionError("real _exit")):
+                path = self.write("exits.py", f"import os\nimport sys\n\n{statement}\n")
+                stdout, _ = self.one_line_error(["check", "--file", path], 1, f"{path} line 4: {shown}",
+                                                "does not import")
+                self.assertEqual(stdout, "")
+
+    def test_an_exit_inside_an_atom_fails_its_case_and_the_other_atoms_are_graded(self):
+        for statement, shown in (("sys.exit(3)", "called sys.exit(3)"), ("os._exit(0)", "called os._exit(0)")):
+            with self.subTest(statement=statement), mock.patch("os._exit", side_effect=AssertionError("real _exit")):
+                path = self.write("exits.py", k1_file(statement) + SOLVED_BY_THE_LAB.replace("kl_k1, ", ""))
+                code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+                self.assertEqual((code, stderr), (1, ""))
+                lines = stdout.splitlines()
+                self.assertEqual(len(lines), len(EXERCISES) + 1)
+                self.assertIn(f'kl_k1: failed case 1 of 3 "hand: policy minus reference": input policy_logps=[-1.0, '
+                              f'-2.0], ref_logps=[-2.0, -1.0]; {shown} at {path}:8;', stdout)
+                self.assertEqual(lines[-1], f"{len(EXERCISES) - 1} passed, 1 failed, 0 not started of "
+                                            f"{len(EXERCISES)} exercises")
+
+    def test_an_interrupt_inside_an_atom_ends_with_one_line_and_status_130(self):
+        # an atom that never returns is stopped by Ctrl-C: the lines so far, the atom's, then run_cli's one line
+        path = self.write("loops.py", k1_file("torch.set_default_dtype(torch.float64)\nraise KeyboardInterrupt"))
+        code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+        self.assertEqual(code, 130)
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        self.assertIn("interrupted (SIGINT)", stderr)
+        names = [exercise.name for exercise in EXERCISES]
+        before = names[:names.index("kl_k1")]
+        self.assertEqual(stdout.splitlines(), [f"{name}: not started (no function of that name)" for name in before]
+                         + ["kl_k1: interrupted while its cases ran (an endless loop?); the atoms after it were not "
+                            "graded"])
+        self.assertIs(torch.get_default_dtype(), torch.float32)  # put back on the way out
+
+    def test_the_learners_prints_come_just_before_their_atoms_line(self):
+        path = self.write("prints.py", k1_file("print('debug ' * 20)\nprint('x' * 10_000)"))
+        code, stdout, _ = run_main(exercises.main, ["check", "--file", path])
+        lines = stdout.splitlines()
+        self.assertEqual(code, 0)
+        at = lines.index("kl_k1: passed (3 cases)")
+        self.assertEqual(lines[at - 6:at], ["debug " * 20, "x" * 10_000] * 3)  # three cases, each printing twice
+        self.assertEqual(lines[at - 7], "sequence_log_ratio: not started (no function of that name)")
+
+    def test_a_wrong_return_value_fails_with_what_was_expected(self):
+        for body, reason in (
+            ("return (policy_logps - ref_logps.detach()).tolist()", "(expected a tensor, got list)"),
+            ("return None", "got None (expected a tensor, got NoneType)"),
+            ("return (policy_logps - ref_logps).detach().numpy()", "(expected a tensor, got ndarray)"),
+            ("return torch.zeros(7, dtype=torch.float64)", "(expected shape (2,), got shape (7,))"),
+            ("return torch.full((2,), float('nan'), dtype=torch.float64)", "got [nan, nan] (differs)"),
+            ("return (policy_logps - ref_logps.detach()).float()", "(expected dtype float64, got float32)"),
+            ("return (policy_logps - ref_logps.detach()).long()", "(expected dtype float64, got int64)"),
+            ("return (policy_logps - ref_logps.detach()).to(torch.complex128)",
+             "(expected dtype float64, got complex128)"),
+            ("return (policy_logps - ref_logps.detach()).to('meta')",
+             "got a strided tensor on meta (expected an ordinary CPU tensor"),
+            ("return (policy_logps - ref_logps.detach()).to_sparse()",
+             "got a sparse_coo tensor on cpu (expected an ordinary CPU tensor"),
+            ("return torch.zeros(10**7, dtype=torch.float64)", "got (10000000,) [0.0, 0.0,"),
+            ("return type('Odd', (), {'__repr__': lambda self: 1 / 0})()", "got a Odd (expected a tensor, got Odd)"),
+            ("return policy_logps - ref_logps", "gradient: the reference gets none"),
+        ):
+            with self.subTest(body=body):
+                result = self.grade_k1(body)
+                self.assertEqual(result.status, "failed", result.line)
+                self.assertIn(reason, result.line)
+                self.assertLess(len(result.line), 1000)
+        result = exercises.grade(BY_NAME["truncated_importance_weights"],
+                                 lambda old_logps, rollout_logps, cap=2.0, **_: (old_logps - rollout_logps).exp()
+                                 .clamp(max=cap))  # not detached: the output requires grad
+        self.assertIn('case 3 of 4 "gradient: the weights carry none"', result.line)
+        self.assertIn("expected False, got True (differs)", result.line)
+
+    def test_a_wrong_signature_or_a_non_function_fails_and_extra_functions_and_classes_are_ignored(self):
+        path = self.write("odd.py", "import dataclasses\n\n\ndef kl_k1(policy_logps):\n    return policy_logps\n\n"
+                                    "kl_k2 = 3\n\n\ndef helper():\n    pass\n\n\n@dataclasses.dataclass\n"
+                                    "class Settings:\n    beta: float = 0.1\n")
+        code, stdout, _ = run_main(exercises.main, ["check", "--file", path])
+        self.assertEqual(code, 1)
+        lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
+        self.assertIn("raised TypeError: kl_k1() takes 1 positional argument but 2 were given", lines["kl_k1"])
+        self.assertEqual(lines["kl_k2"], "kl_k2: failed: kl_k2 = 3 is not a function")
+        self.assertNotIn("helper", stdout)
+
+    def test_a_module_getattr_or_an_exception_whose_message_fails_is_the_learners_fault_not_a_crash(self):
+        path = self.write("odd.py", "def __getattr__(name):\n    raise RuntimeError(name)\n\n\nclass Odd(Exception):\n"
+                                    "    def __str__(self):\n        raise ValueError\n\n\n"
+                                    "def kl_k1(policy_logps, ref_logps, *, check=True):\n    raise Odd()\n")
+        code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+        self.assertEqual((code, stderr), (1, ""))
+        lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
+        self.assertEqual(lines["gae"], "gae: not started (no function of that name)")  # __getattr__ never asked
+        self.assertIn("raised Odd: (its message cannot be shown) at", lines["kl_k1"])
+        path = self.write("odd-import.py", "class Odd(Exception):\n    def __str__(self):\n"
+                                           "        raise ValueError\n\n\nraise Odd()\n")
+        self.one_line_error(["check", "--file", path], 1, f"{path} line 6: raised Odd: (its message cannot be shown)")
+
+    def test_an_atom_that_changes_its_input_in_place_fails_whatever_it_returns(self):
+        for body in ("ref_logps.mul_(2)", "value = policy_logps - ref_logps.detach()\nref_logps.zero_()\nreturn value"):
+            with self.subTest(body=body):
+                result = self.grade_k1(body)
+                self.assertIn("(it changed ref_logps in place: an atom leaves its inputs as they are)", result.line)
+                self.assertIn("input policy_logps=[-1.0, -2.0], ref_logps=[-2.0, -1.0];", result.line)  # as given
+
+    def test_every_case_builds_new_tensors_on_every_call(self):
+        for exercise in EXERCISES:
+            for case in exercise.cases:
+                with self.subTest(exercise=exercise.name, case=case.name):
+                    (first, first_kw), (second, second_kw) = case.inputs(), case.inputs()
+                    pairs = list(zip(first, second)) + [(first_kw[key], second_kw[key]) for key in first_kw]
+                    for one, other in pairs:
+                        if isinstance(one, torch.Tensor):
+                            self.assertNotEqual(one.data_ptr(), other.data_ptr())
+                            self.assertTrue(torch.equal(one, other))
+
+    def test_a_process_setting_changed_in_an_atom_fails_its_case_and_is_put_back(self):
+        for body, named in (
+            ("torch.set_default_dtype(torch.float64)", "torch's default dtype (torch.set_default_dtype)"),
+            ("torch.set_grad_enabled(False)", "torch's grad mode (torch.set_grad_enabled)"),
+            ("torch.set_num_threads(3)", "torch's thread count (torch.set_num_threads)"),
+            ("torch.manual_seed(0)", "torch's global random generator"),
+            ("torch.rand(1)", "torch's global random generator"),
+            ("os.chdir(os.sep)", "the working folder (os.chdir)"),
+            ("sys.stdout = sys.stderr", "sys.stdout"),
+            ("import rl_lab\nrl_lab.gae = None", "rl_lab.gae"),
+            ("import rl_lab\nrl_lab.KL_ESTIMATORS['k3'] = None", "rl_lab.KL_ESTIMATORS"),
+            ("import exercise_cases\nexercise_cases.TOLERANCE = 1.0", "exercise_cases.TOLERANCE"),
+            ("torch.exp = torch.sin", "torch.exp"),
+            ("torch.Tensor.exp = torch.Tensor.sin", "torch.Tensor.exp"),
+        ):
+            with self.subTest(body=body):
+                stdout = sys.stdout
+                result = self.grade_k1(body)
+                self.assertEqual(process_state(), self.before)
+                self.assertIs(sys.stdout, stdout)
+                self.assertIn(f"kl_k1: failed case 1 of 3 \"hand: policy minus reference\": input policy_logps=[-1.0, "
+                              f"-2.0], ref_logps=[-2.0, -1.0]; it changed {named}", result.line)
+                self.assertIn("which the lab put back", result.line)
+
+    def test_a_file_that_changes_the_process_when_imported_is_refused_and_the_lab_is_unchanged(self):
+        path = self.write("patches.py", "import torch\nimport rl_lab\n\ntorch.set_default_dtype(torch.float64)\n"
+                                        "rl_lab.dpo_loss = lambda *args, **kwargs: 0.0\n"
+                                        "rl_lab.KL_ESTIMATORS['k3'] = None\n" + SOLVED_BY_THE_LAB)
+        for command in ("check", "train"):
+            with self.subTest(command=command):
+                stdout, _ = self.one_line_error([command, "--file", path], 1, f"{path}: importing it changes torch's "
+                                                "default dtype (torch.set_default_dtype), rl_lab.dpo_loss, "
+                                                "rl_lab.KL_ESTIMATORS; the lab put it back")
+                self.assertEqual(stdout, "")
+        self.assertIs(rl_lab.dpo_loss, BY_NAME["dpo_loss"].solution)
+        self.assertIs(rl_lab.KL_ESTIMATORS["k3"], rl_lab.token_kl_penalty)
+
+    def test_a_fault_that_shows_only_in_a_training_run_is_reported_and_the_lab_is_put_back(self):
+        graded = len(BY_NAME["dpo_loss"].cases)  # check calls dpo_loss once per case: the run's calls come after
+        # (a thread count changed in a run is put back by the run itself: the lab's loops restore theirs)
+        for fault, shown in (("torch.set_default_dtype(torch.float64)", "your atoms changed torch's default dtype"),
+                             ("sys.exit(4)", "your atoms called sys.exit(4) at"),
+                             ("import rl_lab\n        rl_lab.gae = None", "your atoms changed rl_lab.gae")):
+            with self.subTest(fault=fault):
+                path = self.write("later.py", f"import sys\n\nimport torch\nfrom rl_lab import dpo_loss as lab_dpo\n\n"
+                                              f"CALLS = []\n\n\ndef dpo_loss(*args, **kwargs):\n"
+                                              f"    CALLS.append(1)\n    if len(CALLS) > {graded}:\n        {fault}\n"
+                                              f"    return lab_dpo(*args, **kwargs)\n")
+                code, stdout, stderr = run_cli_in_process(exercises.main, ["train", "--file", path, "--steps", "2",
+                                                                           "--online-steps", "2"])
+                self.assertEqual((code, stderr), (1, ""))
+                self.assertIn(f"bandit dpo (2 steps): {shown}", stdout)
+                self.assertIn("does NOT learn", stdout.splitlines()[2])
+                self.assertEqual(process_state(), self.before)
 
 
 if __name__ == "__main__":
