@@ -330,7 +330,7 @@ GAE = Exercise(
                    torch.tensor([False, True]), gamma=1.0, lam=0.5),
              False,
              "advantages and returns are targets: detach the values before returns = advantages + values",
-             "gaes-weights", measure=output_requires_grad),
+             "the-atom", measure=output_requires_grad),
         Case("reference: seeded random stream (T=12) with episode ends, against a Python loop",
              given(random_leaf((12,), 9), random_leaf((12,), 10), random_leaf((12,), 11),
                    lambda: _random_flags()[0], lambda: _random_flags()[1], gamma=0.9, lam=0.8),
@@ -712,7 +712,7 @@ DPO_LOSS = Exercise(
         Case("hand: a margin of -1000 gives a loss of 1000, not inf",
              given(t([-1000.0]), t([0.0]), t([0.0]), t([0.0]), beta=1.0), t([1000.0]),
              "use F.logsigmoid: log(sigmoid(x)) underflows to -inf for x << 0",
-             "dpo-from-the-kl-optimum"),
+             "the-formula-as-the-atoms-compute-it"),
         Case("gradient: -beta * sigmoid(-beta * margin) on chosen",
              given(leaf([-2.0, -1.0]), t([-2.0, -3.0]), t([-2.0, -2.0]), t([-2.0, -2.0]), beta=0.5),
              t([-0.25, -0.5 / (1.0 + math.exp(1.0))]),
@@ -772,7 +772,7 @@ GROUP_ADVANTAGES = Exercise(
              given(t([[0.1, 0.1, 0.1]])), t([[0.0, 0.0, 0.0]]),
              "a tied group teaches nothing: set its advantages to exactly 0 (its float mean need not equal "
              "the rewards, and (R - mean) / epsilon blows the rounding error up)",
-             "the-group-baseline", exact=True),
+             "tied-groups", exact=True),
         Case("hand: scale='none' subtracts the mean only",
              given(t([[1.0, 0.0, 0.0, 0.0]]), scale="none"), t([[0.75, -0.25, -0.25, -0.25]]),
              "scale='none' (Dr. GRPO) divides by nothing: A = R - row mean",
@@ -813,7 +813,7 @@ RLOO_ADVANTAGES = Exercise(
         Case("invariant: equal rewards give exact zeros",
              given(t([[0.1, 0.1, 0.1]])), t([[0.0, 0.0, 0.0]]),
              "a tied group teaches nothing: set its advantages to exactly 0",
-             "the-group-baseline", exact=True),
+             "tied-groups", exact=True),
         Case("gradient: the advantages carry none",
              given(leaf([[1.0, 0.0]])), False,
              "detach the rewards: advantages are constants of the batch",
@@ -858,7 +858,8 @@ REDUCE_TOKEN_LOSS = Exercise(
     (
         Case("hand: 'sequence', every answer weighs the same",
              given(t(_LOSSES), torch.tensor(_KEPT)), t(3.0),
-             "'sequence': the mean over each row's kept tokens, then the mean of those means (not a token mean)",
+             "'sequence': the mean over each row's kept tokens, then the mean of those means (not a token mean; "
+             "divide by each row's kept count, not the padded length R)",
              "three-reductions"),
         Case("hand: 'token', every token weighs the same",
              given(t(_LOSSES), torch.tensor(_KEPT), reduction="token"), t(8.0 / 3.0),
@@ -1023,7 +1024,25 @@ def compare(obtained, expected, exact=False):
     mine, theirs = obtained.detach().to(DTYPE), expected.detach().to(DTYPE)
     if exact:
         return None if torch.equal(mine, theirs) else "differs (exact values expected)"
-    return None if torch.allclose(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE) else "differs"
+    if torch.allclose(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE):
+        return None
+    return _largest_difference(mine, theirs)
+
+
+def _largest_difference(mine, theirs):
+    """"differs", with where and by how much: values that print alike may still differ in the last
+    digits, and a difference near 1e-7 is the mark of a float32 step in a float64 computation."""
+    gaps = (mine - theirs).abs().nan_to_num(nan=math.inf)
+    where = tuple(int(i) for i in torch.unravel_index(gaps.argmax(), gaps.shape)) if gaps.ndim else ()
+    gap = float(gaps.max())
+    if math.isnan(float(mine[where])):
+        return f"differs: NaN at index {list(where)} (expected {float(theirs[where]):.10g})"
+    text = f"differs: largest difference {gap:.3g} at index {list(where)} ({float(mine[where]):.10g} vs " \
+           f"{float(theirs[where]):.10g})"
+    if 1e-9 < gap < 1e-5:
+        text += "; a difference this small usually means a float32 step (.float(), a Python float into a " \
+                "float32 tensor): keep every tensor in the inputs' dtype, e.g. flags.to(values.dtype)"
+    return text
 
 
 def expected_value(case):

@@ -259,6 +259,19 @@ class Cases(unittest.TestCase):
         self.assertIn("tuple", compare(torch.tensor([1.0]), (torch.tensor([1.0]), torch.tensor([True]))))
         self.assertEqual(compare(True, False), "differs")
 
+    def test_a_tensor_that_differs_names_the_largest_difference_and_a_float32_step(self):
+        compare = exercise_cases.compare
+        expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+        close = expected.clone()
+        close[1, 0] += 1.3e-7  # what one float32 factor in a float64 recursion leaves
+        reason = compare(close, expected)
+        self.assertTrue(reason.startswith("differs: largest difference 1.3e-07 at index [1, 0] (3.00000013 vs 3)"),
+                        reason)
+        self.assertIn("float32 step", reason)
+        far = expected.clone()
+        far[0, 1] = 5.0
+        self.assertEqual(compare(far, expected), "differs: largest difference 3 at index [0, 1] (5 vs 2)")
+
     def test_the_hints_point_at_sections_of_the_chapters_that_exist(self):
         for exercise in EXERCISES:
             page = os.path.join(HERE, "docs", "learn", f"{exercise.chapter}.md")
@@ -604,7 +617,7 @@ class LearnerFaults(unittest.TestCase):
             ("return None", "got None (expected a tensor, got NoneType)"),
             ("return (policy_logps - ref_logps).detach().numpy()", "(expected a tensor, got ndarray)"),
             ("return torch.zeros(7, dtype=torch.float64)", "(expected shape (2,), got shape (7,))"),
-            ("return torch.full((2,), float('nan'), dtype=torch.float64)", "got [nan, nan] (differs)"),
+            ("return torch.full((2,), float('nan'), dtype=torch.float64)", "got [nan, nan] (differs: NaN at index [0]"),
             ("return (policy_logps - ref_logps.detach()).float()", "(expected dtype float64, got float32)"),
             ("return (policy_logps - ref_logps.detach()).long()", "(expected dtype float64, got int64)"),
             ("return (policy_logps - ref_logps.detach()).to(torch.complex128)",
