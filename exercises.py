@@ -122,8 +122,15 @@ def _wrapped_def(name, arguments, width=100):
     return "\n".join(lines) + "\n):"
 
 
-def stub_text(file_name=DEFAULT_FILE):
-    """The text of a learner's file: the header, then every exercise's stub under its chapter."""
+def bare(doc):
+    """An exercise's docstring without its formula: the lines indented under the text (the formula block)
+    go, so that the learner derives them from the chapter; the shapes, what to detach and the source stay."""
+    return "\n".join(line for line in doc.split("\n") if not line.startswith(" " * 8))
+
+
+def stub_text(file_name=DEFAULT_FILE, formulas=True):
+    """The text of a learner's file: the header, then every exercise's stub under its chapter (without
+    the formulas when `formulas` is false)."""
     parts, chapter = [HEADER.format(file=file_name)], None
     for exercise in EXERCISES:
         if exercise.chapter != chapter:
@@ -132,12 +139,13 @@ def stub_text(file_name=DEFAULT_FILE):
             parts.append(f"\n\n{title}{'-' * max(3, 100 - len(title))}\n")
         arguments = ast.unparse(_definition(exercise.solution).args)
         parts.append(f"\n\n{_wrapped_def(exercise.name, arguments)}\n"
-                     f'    """{exercise.doc}\n\n    Chapter: docs/learn/{exercise.chapter}.md\n    """\n'
+                     f'    """{exercise.doc if formulas else bare(exercise.doc)}\n\n'
+                     f'    Chapter: docs/learn/{exercise.chapter}.md\n    """\n'
                      f"    raise NotImplementedError\n")
     return "".join(parts)
 
 
-def start(parser, path):
+def start(parser, path, formulas=True):
     """Write the stubs to `path`; an existing path of any kind is refused and left as it is, and a write
     that fails (a full disk) leaves no file."""
     if os.path.lexists(path):
@@ -148,7 +156,7 @@ def start(parser, path):
         problem = f"the folder {folder!r} does not exist (create it first)"
     if problem is not None:
         parser.error(f"argument --file: {problem}")
-    text = stub_text(os.path.basename(path))
+    text = stub_text(os.path.basename(path), formulas)
     created = False
     try:
         with open(path, "x", encoding="utf-8") as handle:  # "x": fails rather than replace a file made meanwhile
@@ -668,6 +676,9 @@ def build_parser():
                         help="start: write the stubs; check: grade them; train: train with the ones that pass")
     parser.add_argument("--file", default=DEFAULT_FILE,
                         help=f"the learner's file; start refuses to replace an existing path (default: {DEFAULT_FILE})")
+    parser.add_argument("--bare", action="store_true",
+                        help="start: stubs without the formulas, to derive them from the chapters (default: off, "
+                             "each stub gives its formula)")
     parser.add_argument("--atom", choices=tuple(BY_NAME), metavar="NAME",
                         help="check: grade this one atom only, by the lab's name of it (default: every atom)")
     parser.add_argument("--steps", type=int_flag(1, 1000), default=BANDIT_STEPS,
@@ -684,11 +695,13 @@ def main(argv=None):
     given = set(argv if argv is not None else sys.argv[1:])
     if args.atom is not None and args.command != "check":
         parser.error(f"argument --atom: only applies to check, not to {args.command}")
+    if args.bare and args.command != "start":
+        parser.error(f"argument --bare: only applies to start, not to {args.command}")
     for flag in ("--steps", "--online-steps"):
         if args.command != "train" and any(item == flag or item.startswith(flag + "=") for item in given):
             parser.error(f"argument {flag}: only applies to train, not to {args.command}")
     if args.command == "start":
-        return start(parser, args.file)
+        return start(parser, args.file, formulas=not args.bare)
     try:
         if args.command == "check":
             return check(parser, args.file, args.atom)

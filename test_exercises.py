@@ -337,6 +337,25 @@ class Commands(unittest.TestCase):
         self.assertEqual(stdout.splitlines()[-1], f"0 passed, 0 failed, {len(EXERCISES)} not started of "
                                                   f"{len(EXERCISES)} exercises")
 
+    def test_start_bare_writes_the_same_stubs_without_their_formulas(self):
+        path = os.path.join(self.tmp.name, "bare.py")
+        code, out, err = run_main(exercises.main, ["start", "--bare", "--file", path])
+        self.assertEqual((code, err), (0, ""), out)
+        module = exercises.load_learner(path)
+        full = exercises.stub_text("bare.py")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertLess(len(text), len(full))
+        self.assertNotIn("delta_t = r_t + gamma", text)  # gae's formula
+        self.assertIn("delta_t = r_t + gamma", full)
+        self.assertIn("Returns (advantages, returns)", text)  # the shapes and what to return stay
+        for exercise in EXERCISES:
+            self.assertEqual(inspect.signature(getattr(module, exercise.name)),
+                             inspect.signature(exercise.solution), exercise.name)
+        code, _, err = run_main(exercises.main, ["check", "--bare", "--file", path])
+        self.assertEqual(code, 2)
+        self.assertIn("--bare", err)
+
     def test_start_refuses_an_existing_path_and_leaves_it_byte_identical(self):
         path = self.write("mine.py", "def gae():\n    return 'my own work'\n")
         with open(path, "rb") as handle:
