@@ -647,7 +647,7 @@ def maxrl_advantages(rewards, epsilon=1e-6, *, check=True):
 @finite_result("rewards")
 def reinforce_pp_baseline_advantages(rewards, lengths=None, epsilon=1e-8, *, check=True):
     """REINFORCE++ with the group baseline: the group-centred reward, whitened over the whole batch's
-    tokens (Hu et al., REINFORCE++, arXiv 2501.03262, sec. 3).
+    tokens (Hu et al., REINFORCE++, arXiv 2501.03262).
 
         c[b, g] = R[b, g] - mean_g R[b]                      (exactly 0 on a row of equal rewards)
         mu      = sum L c / sum L                             L = response lengths (weights)
@@ -689,7 +689,7 @@ REINFORCE_PP_WHITEN_EPSILON = 1e-8  # verl's masked_whiten: added to the varianc
 @finite_result("token_rewards")
 def reinforce_pp_advantages(token_rewards, completion_mask, gamma=1.0, *, check=True):
     """REINFORCE++ without a critic or a group baseline: discounted returns of the kept tokens,
-    whitened over the batch (Hu et al., REINFORCE++, arXiv 2501.03262, sec. 3).
+    whitened over the batch (Hu et al., REINFORCE++, arXiv 2501.03262).
 
         G_t = r_t + gamma * G_next          over kept tokens only, from the last to the first
         A_t = (G_t - mu) / sqrt(var + 1e-8) mu, var (unbiased) over every kept token of the batch
@@ -732,7 +732,7 @@ def reinforce_pp_advantages(token_rewards, completion_mask, gamma=1.0, *, check=
 @finite_result("rewards")
 def opo_advantages(rewards, lengths, *, check=True):
     """OPO advantages: the reward minus the group's LENGTH-WEIGHTED mean reward, no std (Hao et al.,
-    On-Policy RL with Optimal Reward Baseline, arXiv 2505.23585, sec. 3).
+    On-Policy RL with Optimal Reward Baseline, arXiv 2505.23585).
 
         b_b     = sum_g L[b, g] R[b, g] / sum_g L[b, g]
         A[b, g] = R[b, g] - b_b
@@ -798,7 +798,7 @@ def passk_advantages(rewards, epsilon=1e-6, scale=True, *, check=True):
 def gdpo_advantages(rewards, reward_weights=None, epsilon=1e-4, *, check=True):
     """GDPO advantages for several rewards: normalize each reward within its group first, then sum them
     and normalize the sum over the batch (Liu et al., GDPO: Group reward-Decoupled Normalization Policy
-    Optimization for Multi-reward RL Optimization, arXiv 2601.05242, sec. 3).
+    Optimization for Multi-reward RL Optimization, arXiv 2601.05242).
 
         z[b, g, k] = (R[b, g, k] - mean_g) / (std_g + epsilon)    per group and reward; 0 if constant
         s[b, g]    = sum_k w_k z[b, g, k]
@@ -842,7 +842,7 @@ GPG_ALPHA_COUNTS = ("reward", "group")
 def gpg_advantages(rewards, f_norm=1.0, alpha_count="reward", *, check=True):
     """GPG advantages: the group-centred reward, no std, scaled up by the share of samples that teach
     something (Chu et al., GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning,
-    arXiv 2504.02546, eq. 8).
+    arXiv 2504.02546).
 
         A[b, g] = alpha * (R[b, g] - mean_g R[b]) / f_norm
         alpha   = N / max(1, #(R != 0))                       "reward": verl's count, N = B*G
@@ -992,7 +992,7 @@ def kl_k2(policy_logps, ref_logps, *, check=True):
 @finite_result("policy_logps")
 def kl_k3_is_corrected(policy_logps, old_logps, ref_logps, *, check=True):
     """k3 times the ratio pi / pi_old: the k3 penalty made right for tokens sampled from pi_old
-    (DeepSeek-V3.2, arXiv 2512.02556, sec. 3.1, the unbiased KL estimate; Tang and Munos, arXiv 2506.09477).
+    (DeepSeek-V3.2, arXiv 2512.02556, its unbiased KL estimate; Tang and Munos, arXiv 2506.09477).
 
         kl = exp(policy - old) * k3(policy, ref)          gradient through both factors
 
@@ -1599,7 +1599,7 @@ def gmpo_policy_loss(
     *, kl_estimator=kl_k3, check=True,
 ):
     """GMPO loss: the GEOMETRIC mean of the token ratios, each clipped in log space, one term per sequence
-    (Zhao et al., Geometric-Mean Policy Optimization, arXiv 2507.20673, eq. 4).
+    (Zhao et al., Geometric-Mean Policy Optimization, arXiv 2507.20673).
 
         sigma   = sign(A_i);  l = logp - old
         l~      = sigma * min(sigma * l, sigma * clamp(l, -epsilon, epsilon_high))   PPO's pessimism, in logs
@@ -1657,8 +1657,7 @@ def clip_cov_policy_loss(
     importance_weights=None, check=True, generator=None,
 ):
     """Clip-Cov token loss: PPO-Clip, plus a few random high-covariance tokens whose gradient is cut (Cui et
-    al., The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models, arXiv 2505.22617,
-    sec. 5, eq. 10).
+    al., The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models, arXiv 2505.22617).
 
         ppo     = max(-A r, -A clip(r, 1 - eps, 1 + eps_high))          as `clipped_policy_loss`
         cov     = (A - mean A) (logp - mean logp)                         means over kept tokens, detached
@@ -1710,7 +1709,7 @@ def kl_cov_policy_loss(
     reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3, importance_weights=None, check=True,
 ):
     """KL-Cov token loss: the unclipped policy-gradient surrogate, plus a |log-ratio| penalty on the tokens
-    of largest covariance (Cui et al., arXiv 2505.22617, sec. 5, eq. 11).
+    of largest covariance (Cui et al., arXiv 2505.22617, KL-Cov).
 
         cov     = (A - mean A) (logp - mean logp)         means over kept tokens, detached
         top     = the k kept tokens of largest cov        k = max(1, floor(fraction * #kept))
@@ -1751,7 +1750,7 @@ def dro_policy_loss(
 ):
     """DRO token loss: the policy gradient plus a squared log-ratio that anchors the policy to pi_old
     (Richemond et al., Offline Regularised Reinforcement Learning for Large Language Models Alignment,
-    arXiv 2405.19107, eq. 8, with pi_old in the reference's place, as verl).
+    arXiv 2405.19107, with pi_old in the reference's place, as verl).
 
         per_tok = -(A * logp - tau / 2 * (logp - old) ** 2)
 
@@ -1780,7 +1779,7 @@ def gpg_policy_loss(
     kl_estimator=kl_k3, importance_weights=None, check=True,
 ):
     """GPG token loss: plain REINFORCE, no ratio, no clip, no old policy (Chu et al., GPG: A Simple and
-    Strong Reinforcement Learning Baseline for Model Reasoning, arXiv 2504.02546, eq. 7).
+    Strong Reinforcement Learning Baseline for Model Reasoning, arXiv 2504.02546).
 
         per_tok = -A * logp
 
@@ -1846,7 +1845,7 @@ def cegppo_policy_loss(
 ):
     """CE-GPPO token loss: PPO-Clip whose clipped tokens keep a scaled gradient instead of none (Su et al.,
     CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement
-    Learning, arXiv 2509.20712, eq. 6).
+    Learning, arXiv 2509.20712).
 
         u = r / sg(r)                                     value 1, gradient that of r
         per_tok = -beta1 * (1 - eps) * u * A        if r < 1 - eps and A < 0
@@ -2114,7 +2113,7 @@ def rollout_correction_weights(old_logps, rollout_logps, completion_mask, level=
 
 def off_policy_sequence_mask(policy_logps, sampling_logps, advantages, completion_mask, threshold, *, check=True):
     """DeepSeek-V3.2's off-policy sequence mask: drop a NEGATIVE-advantage sequence whose policy has drifted
-    too far from the one that sampled it (DeepSeek-AI, DeepSeek-V3.2, arXiv 2512.02556, sec. 3.1, eq. 9).
+    too far from the one that sampled it (DeepSeek-AI, DeepSeek-V3.2, arXiv 2512.02556, eq. 9).
 
         keep_i = A_i >= 0  or  sum_t m (sampling - policy) / n_i <= threshold      n_i = max(sum_t m, 1)
 
@@ -2242,7 +2241,7 @@ def entropy_bonus(entropies, completion_mask, coef, reduction="token", max_new_t
 
 def adaptive_entropy_coef(coef, entropy, target=0.2, delta=0.005, coef_min=0.0, coef_max=1.0, *, check=True):
     """Skywork-OR1's adaptive entropy coefficient: one step toward a target entropy (He et al., Skywork Open
-    Reasoner 1 Technical Report, arXiv 2505.22312, sec. 4).
+    Reasoner 1 Technical Report, arXiv 2505.22312).
 
         coef_next = min(coef + delta, coef_max)   if entropy <= target
                   = max(coef - delta, coef_min)   otherwise
@@ -2272,7 +2271,7 @@ def adaptive_entropy_coef(coef, entropy, target=0.2, delta=0.005, coef_min=0.0, 
 def high_entropy_token_mask(entropies, completion_mask, top_quantile=1.0, *, check=True):
     """The high-entropy "forking" tokens: the kept tokens whose entropy is in the batch's top share (Wang et
     al., Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM
-    Reasoning, arXiv 2506.01939, eq. 6).
+    Reasoning, arXiv 2506.01939).
 
         keep = kept and H >= quantile(H[kept], 1 - top_quantile)       (linear interpolation)
 
