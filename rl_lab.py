@@ -73,9 +73,16 @@ SEED_LIMIT = 2**63
 # loop's ids, masks and rewards), which autograd cannot save for the backward pass.
 #
 # The families, in this order: the clipped policy loss and its diagnostic; preference losses (DPO
-# and its family); advantages (group, leave-one-out, GAE); KL (exact, k1, k2, k3); token sequences
-# (causal shift, masks, reductions); sequence policy losses (GRPO, CISPO, GSPO, SAPO); corrections
-# and shaping (truncated importance weights, the overlong penalty).
+# and its family); advantages (group, leave-one-out, GAE; then MaxRL, REINFORCE++, OPO, pass@k,
+# GDPO, GPG); KL (exact, k1, k2, k3, the ratio-corrected k3, the straight-through k3+/k1+); token
+# sequences (causal shift, masks, reductions); sequence policy losses (GRPO, CISPO, GSPO, SAPO; then
+# DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO); corrections and shaping
+# (importance weights, rollout correction, off-policy masks, the overlong penalty); entropy.
+#
+# The second-wave atoms (SPEC section 9) make one check call, `_check_args`, so that the body reads as
+# the formula; every token loss among them goes through `_token_loss_inputs`, which checks the shared
+# arguments (policy, old and reference log-probs, advantages, the mask, beta, the reduction, the KL
+# estimator, importance weights) once and sets every masked position to 0 before any exp().
 
 
 # --- the clipped policy loss -----------------------------------------------------------------
@@ -2082,8 +2089,8 @@ def rollout_correction_weights(old_logps, rollout_logps, completion_mask, level=
         "mask" without a bound.
     verl: algorithm.rollout_correction.rollout_is="token" | "sequence" with rollout_is_threshold (2.0)
     or its "low_high" form, and rollout_rs for the mask (verl clamps the log-ratio at +-20 before exp).
-    TRL: GRPOConfig(vllm_importance_sampling_mode="{level}_{mode}", vllm_importance_sampling_min/max)
-    (its default "sequence_mask", max 3.0).
+    TRL: GRPOConfig(vllm_importance_sampling_mode="{level}_{mode}", vllm_importance_sampling_clip_min /
+    vllm_importance_sampling_clip_max) (its default "sequence_mask", max 3.0).
     """
     if check:
         _check_args(tensors=[("old_logps", old_logps), ("rollout_logps", rollout_logps)], ndim=2,
