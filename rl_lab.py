@@ -1488,7 +1488,7 @@ class _TokenLossInputs:
     reduction: str | None
     max_new_tokens: int | None
     kl_estimator: object
-    importance_weights: torch.Tensor | None  # (N, R) detached, or None
+    importance_weights: torch.Tensor | None  # (N, R), or None; `_weighted` detaches them
 
     def logratio(self):
         """l = logp - old, (N, R); 0 where masked."""
@@ -1512,9 +1512,8 @@ class _TokenLossInputs:
     def reduce(self, per_token_loss):
         """The tail every token loss shares: loss * importance weight + beta * kl per token (the weight is
         not on the KL), reduced by `reduce_token_loss`."""
-        if self.importance_weights is not None:
-            per_token_loss = per_token_loss * self.importance_weights
-        per_token_loss = per_token_loss + self.kl()
+        per_token_loss = _weighted(per_token_loss, self.importance_weights, self.completion_mask, False)
+        per_token_loss = per_token_loss + _kl_term(self.kl_estimator, self.policy, self.ref, self.beta)
         return reduce_token_loss(per_token_loss, self.completion_mask, self.reduction, self.max_new_tokens, check=False)
 
 
@@ -1540,9 +1539,8 @@ def _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, co
     mask = _constant(completion_mask).to(policy_logps.dtype)
     constant = [None if value is None else _constant(value) for value in (old_logps, ref_logps)]
     policy, old, ref = [None if value is None else masked(value, mask) for value in [policy_logps] + constant]
-    weights = None if importance_weights is None else _constant(importance_weights)
     return _TokenLossInputs(policy, old, ref, _constant(advantages).unsqueeze(1), mask, completion_mask, beta,
-                            reduction, max_new_tokens, kl_estimator, weights)
+                            reduction, max_new_tokens, kl_estimator, importance_weights)
 
 
 DPPO_KINDS = ("tv", "kl")
