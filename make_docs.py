@@ -97,23 +97,49 @@ ARXIV_TITLES = {
                   "Feedback in LLMs (RLOO)",
     "2403.00409": "Chowdhury et al., Provably Robust DPO: Aligning Language Models with Noisy Feedback (rDPO)",
     "2405.14734": "Meng et al., SimPO: Simple Preference Optimization with a Reference-Free Reward",
+    "2405.19107": "Richemond et al., Offline Regularised Reinforcement Learning for Large Language Models Alignment "
+                  "(DRO)",
+    "2501.03262": "Hu et al., REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
     "2501.17161": "Chu et al., SFT Memorizes, RL Generalizes: A Comparative Study of Foundation Model Post-training",
+    "2503.14286": "Le Roux et al., Tapered Off-Policy REINFORCE: Stable and Efficient Reinforcement Learning for "
+                  "LLMs (TOPR)",
     "2503.14476": "Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+    "2503.19595": "Tang et al., Optimizing Language Models for Inference Time Objectives using Reinforcement "
+                  "Learning (pass@k advantages)",
     "2503.20783": "Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO)",
+    "2504.02546": "Chu et al., GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning",
     "2504.13837": "Yue et al., Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the "
                   "Base Model?",
     "2505.07291": "Prime Intellect Team, INTELLECT-2: A Reasoning Model Trained Through Globally Decentralized "
                   "Reinforcement Learning (two-sided clip)",
     "2505.17508": "Zhang et al., On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning (RPG)",
+    "2505.22312": "He et al., Skywork Open Reasoner 1 Technical Report (adaptive entropy control)",
+    "2505.22617": "Cui et al., The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models "
+                  "(Clip-Cov, KL-Cov)",
+    "2505.23585": "Hao et al., On-Policy RL with Optimal Reward Baseline (OPO)",
+    "2506.01939": "Wang et al., Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement "
+                  "Learning for LLM Reasoning",
     "2506.09477": "Tang and Munos, On a Few Pitfalls in KL Divergence Gradient Estimation for RL",
     "2506.13585": "MiniMax, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (CISPO)",
     "2507.18071": "Zheng et al., Group Sequence Policy Optimization (GSPO)",
+    "2507.20673": "Zhao et al., Geometric-Mean Policy Optimization (GMPO)",
     "2508.08221": "Liu et al., Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning (Lite PPO)",
+    "2509.20712": "Su et al., CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
+                  "Reinforcement Learning",
     "2510.00977": "Wu et al., It Takes Two: Your GRPO Is Secretly DPO",
+    "2510.01161": "Zheng, Zhao and Chen, Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data "
+                  "on LLMs? (M2PO)",
     "2510.13786": "Khatri et al., The Art of Scaling Reinforcement Learning Compute for LLMs (ScaleRL)",
     "2511.20347": "Gao et al., Soft Adaptive Policy Optimization (SAPO)",
     "2512.02556": "DeepSeek-AI, DeepSeek-V3.2: Pushing the Frontier of Open Large Language Models",
     "2512.21852": "Shah et al., A Comedy of Estimators: On KL Regularization in RL Training of LLMs",
+    "2601.05242": "Liu et al., GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL "
+                  "Optimization",
+    "2602.02710": "Tajwar et al., Maximum Likelihood Reinforcement Learning (MaxRL)",
+    "2602.04879": "Qi et al., Rethinking the Trust Region in LLM Reinforcement Learning (DPPO)",
+    "2602.05261": "Liu et al., Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response "
+                  "Length Variation in RLVR (LUSPO)",
+    "2602.10693": "Shen et al., VESPO: Variational Sequence-Level Soft Policy Optimization for Off-Policy LLM Training",
 }
 
 

@@ -21,6 +21,7 @@ if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with 
     exit_quietly_on_signals()
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -72,9 +73,16 @@ SEED_LIMIT = 2**63
 # loop's ids, masks and rewards), which autograd cannot save for the backward pass.
 #
 # The families, in this order: the clipped policy loss and its diagnostic; preference losses (DPO
-# and its family); advantages (group, leave-one-out, GAE); KL (exact, k1, k2, k3); token sequences
-# (causal shift, masks, reductions); sequence policy losses (GRPO, CISPO, GSPO, SAPO); corrections
-# and shaping (truncated importance weights, the overlong penalty).
+# and its family); advantages (group, leave-one-out, GAE; then MaxRL, REINFORCE++, OPO, pass@k,
+# GDPO, GPG); KL (exact, k1, k2, k3, the ratio-corrected k3, the straight-through k3+/k1+); token
+# sequences (causal shift, masks, reductions); sequence policy losses (GRPO, CISPO, GSPO, SAPO; then
+# DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO); corrections and shaping
+# (importance weights, rollout correction, off-policy masks, the overlong penalty); entropy.
+#
+# The second-wave atoms (SPEC section 9) make one check call, `_check_args`, so that the body reads as
+# the formula; every token loss among them goes through `_token_loss_inputs`, which checks the shared
+# arguments (policy, old and reference log-probs, advantages, the mask, beta, the reduction, the KL
+# estimator, importance weights) once and sets every masked position to 0 before any exp().
 
 
 # --- the clipped policy loss -----------------------------------------------------------------
@@ -93,6 +101,74 @@ def _clip_range(epsilon, epsilon_high, dual_clip):
 def _constant(tensor):
     """`tensor` detached, as every input that gets no gradient; an inference tensor is copied first."""
     return tensor.clone() if tensor.is_inference() else tensor.detach()
+
+
+# Scalar rules of `_check_args`: the bounds check_real takes; "none": True also lets None through.
+_REAL = {}
+_POSITIVE = {"low": 0.0, "low_open": True}
+_NONNEGATIVE = {"low": 0.0}
+_UNIT = {"low": 0.0, "high": 1.0}
+_FRACTION = {"low": 0.0, "high": 1.0, "low_open": True}  # (0, 1]
+_CLIP_WIDTH = {"low": 0.0, "high": 1.0, "high_open": True}  # a clip's epsilon, [0, 1)
+_CLIP_HIGH = {"low": 0.0, "high": 1e6, "none": True}  # epsilon_high; None means epsilon
+
+
+def _check_args(tensors=(), ndim=None, mask=None, vectors=(), lengths=None, reduction=None, max_new_tokens=None,
+                ordered=(), requires=(), **scalars):
+    """Every check of an atom in one call, so that the atom's body reads as its formula. Raises ValueError
+    naming the argument.
+
+    tensors: [(name, tensor)], floating tensors of one shape and dtype (`ndim` dimensions); the first is the
+        reference for everything below.
+    mask: (name, tensor), a 0/1 mask of the first tensor's shape.
+    vectors: [(name, tensor, axis)], 1-D floating tensors in the first tensor's dtype, as long as its
+        dimension `axis` (advantages, one per sequence: axis 0).
+    lengths: (name, tensor), integer lengths >= 1 of the first tensor's shape.
+    reduction, max_new_tokens: as `reduce_token_loss` (checked when reduction is not None).
+    scalars: name=(value, rule); a rule is a dict of check_real's bounds (with "none": True, None passes),
+        a tuple of allowed strings, or a type (bool: a flag; any other type: an instance of it or None).
+    ordered: [(low_name, high_name, strict)]: two checked scalars that must be in order (None skips).
+    requires: [(name, message, test)]: test() is False -> "name: message". Run last, on well-formed input.
+    """
+    if tensors:
+        check_matching(list(tensors), ndim=ndim)
+        first_name, first = tensors[0]
+    if mask is not None:
+        check_tensor(mask[0], mask[1], kind="mask", ndim=first.dim())
+        check_same_shape([(first_name, first), mask])
+    for name, vector, axis in vectors:
+        check_tensor(name, vector, ndim=1)
+        check_same_dtype([(first_name, first), (name, vector)])
+        if vector.shape[0] != first.shape[axis]:
+            raise ValueError(f"{name}: expected shape ({first.shape[axis]},), one per row of {first_name}, "
+                             f"got {tuple(vector.shape)}")
+    if lengths is not None:
+        check_tensor(lengths[0], lengths[1], kind="int", ndim=first.dim())
+        check_same_shape([(first_name, first), lengths])
+        if bool((stored(lengths[1]) < 1).any()):
+            raise ValueError(f"{lengths[0]}: expected lengths >= 1 (tokens in each response)")
+    if reduction is not None:
+        _checked_reduction(mask[1], reduction, max_new_tokens, first.shape[1])
+    values = {}
+    for name, (value, rule) in scalars.items():
+        if rule is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
+        elif isinstance(rule, type):
+            if value is not None and not isinstance(value, rule):
+                raise ValueError(f"{name}: expected a {rule.__name__} or None, got {type(value).__name__}")
+        elif isinstance(rule, tuple):
+            check_choice(name, value, rule)
+        elif not (value is None and rule.get("none")):
+            value = check_real(name, value, **{key: bound for key, bound in rule.items() if key != "none"})
+        values[name] = value
+    for low_name, high_name, strict in ordered:
+        low, high = values[low_name], values[high_name]
+        if low is not None and high is not None and (high < low or (strict and high == low)):
+            raise ValueError(f"{high_name}: expected a value {'>' if strict else '>='} {low_name} = {low}, got {high}")
+    for name, message, test in requires:
+        if not test():
+            raise ValueError(f"{name}: {message}")
 
 
 @finite_result("logp")
@@ -535,7 +611,278 @@ def gae(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95
     return advantages, returns
 
 
-# --- KL: exact, and the three sampled estimators ---------------------------------------------
+# --- advantages, second wave: MaxRL, REINFORCE++, OPO, pass@k, GDPO, GPG ----------------------
+
+
+def _two_samples(rewards):
+    """The `requires` rule of every group advantage: G >= 2 samples per prompt (axis 1 of rewards)."""
+    return ("rewards", f"expected at least 2 samples per group (shape (B, G>=2, ...)), got {tuple(rewards.shape)}",
+            lambda: rewards.shape[1] >= 2)
+
+
+@finite_result("rewards")
+def maxrl_advantages(rewards, epsilon=1e-6, *, check=True):
+    """MaxRL advantages: the group-centred reward over the group's MEAN, not its std (Tajwar et al.,
+    Maximum Likelihood Reinforcement Learning, arXiv 2602.02710).
+
+        A[b, g] = (R[b, g] - mu_b) / (mu_b + epsilon)          mu_b = mean_g R[b]
+        binary rewards: A = R / p_hat - 1,  p_hat the group's success rate
+
+    With binary rewards the policy gradient then weighs a prompt by 1/p (the gradient of log p: the
+    likelihood of success is maximized) instead of 1 (the gradient of p: plain RL). A prompt the policy
+    rarely solves counts far more; one it always solves barely counts.
+
+    Args:
+        rewards: (B, G) float, G >= 2, every reward >= 0 (a mean of 0 must mean "never solved"); detached.
+        epsilon: > 0; keeps a group of mean 0 finite (such a group has equal rewards: exact zeros anyway).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad; a row of equal rewards gives exact zeros.
+    Raises:
+        ValueError naming the argument for a bad tensor, G < 2, a negative reward or epsilon <= 0.
+    Libraries: not in TRL or verl 0.9.1; the authors' verl fork and SkyRL (adv_estimator="maxrl"). The
+    RLHF Book's version takes epsilon 0 and sets A = 0 where mu = 0, which gives the same numbers.
+    """
+    if check:
+        _check_args(tensors=[("rewards", rewards)], ndim=2, epsilon=(epsilon, _POSITIVE), requires=[
+            _two_samples(rewards), ("rewards", "expected rewards >= 0", lambda: bool((stored(rewards) >= 0).all()))])
+    rewards = _constant(rewards)
+    mean = rewards.mean(dim=1, keepdim=True)  # (B, 1)
+    return masked((rewards - mean) / (mean + epsilon), ~tied_groups(rewards, keepdim=True))
+
+
+@finite_result("rewards")
+def reinforce_pp_baseline_advantages(rewards, lengths=None, epsilon=1e-8, *, check=True):
+    """REINFORCE++ with the group baseline: the group-centred reward, whitened over the whole batch's
+    tokens (Hu et al., REINFORCE++, arXiv 2501.03262).
+
+        c[b, g] = R[b, g] - mean_g R[b]                      (exactly 0 on a row of equal rewards)
+        mu      = sum L c / sum L                             L = response lengths (weights)
+        var     = sum L (c - mu)**2 / (sum L - 1)             (unbiased, over the batch's tokens)
+        A       = (c - mu) / sqrt(var + epsilon)
+
+    The group mean removes each prompt's difficulty; the batch std, unlike GRPO's per-group std, does
+    not up-weight prompts whose few samples happen to agree. Weighting by L reproduces whitening over
+    every response token, each carrying its response's c. The whitening shifts every advantage by mu,
+    so a row of equal rewards gets -mu / std, not 0.
+
+    Args:
+        rewards: (B, G) float, G >= 2; detached.
+        lengths: (B, G) integer response lengths >= 1, or None (every response weighs 1).
+        epsilon: > 0, added to the variance under the square root.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad.
+    Raises:
+        ValueError naming the argument for bad tensors, G < 2, lengths < 1 or epsilon <= 0.
+    verl: algorithm.adv_estimator="reinforce_plus_plus_baseline" (masked_whiten over the tokens; its
+    group mean adds no epsilon to counts: equal up to rounding). TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("rewards", rewards)], ndim=2, lengths=None if lengths is None else ("lengths", lengths),
+                    epsilon=(epsilon, _POSITIVE), requires=[_two_samples(rewards)])
+    rewards = _constant(rewards)
+    centered = masked(rewards - rewards.mean(dim=1, keepdim=True), ~tied_groups(rewards, keepdim=True))  # (B, G)
+    weights = torch.ones_like(rewards) if lengths is None else lengths.to(rewards.dtype)
+    total = weights.sum()
+    mean = (weights * centered).sum() / total
+    variance = (weights * (centered - mean).square()).sum() / (total - 1.0)  # unbiased, as over tokens
+    return (centered - mean) / (variance + epsilon).sqrt()
+
+
+REINFORCE_PP_WHITEN_EPSILON = 1e-8  # verl's masked_whiten: added to the variance under the square root
+
+
+@finite_result("token_rewards")
+def reinforce_pp_advantages(token_rewards, completion_mask, gamma=1.0, *, check=True):
+    """REINFORCE++ without a critic or a group baseline: discounted returns of the kept tokens,
+    whitened over the batch (Hu et al., REINFORCE++, arXiv 2501.03262).
+
+        G_t = r_t + gamma * G_next          over kept tokens only, from the last to the first
+        A_t = (G_t - mu) / sqrt(var + 1e-8) mu, var (unbiased) over every kept token of the batch
+
+    A masked position (a prompt, a tool's output, padding) gets no reward and no discount: the return
+    passes through it unchanged to the kept token before it, and the position itself gets 0.
+
+    Args:
+        token_rewards: (N, R) float per-token rewards (an outcome reward on the last kept token, a
+            per-token KL penalty, or both); detached. Masked positions may hold any finite value.
+        completion_mask: (N, R) 0/1, 1 on the tokens that count; at least 2 kept tokens in the batch.
+        gamma: discount in [0, 1].
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (advantages, returns), both (N, R) without grad, 0 at masked positions.
+    Raises:
+        ValueError naming the argument for bad tensors, fewer than 2 kept tokens or gamma outside [0, 1].
+    verl: algorithm.adv_estimator="reinforce_plus_plus" with algorithm.gamma (its loop resets the return
+    at a masked position instead of passing it through: the same numbers for right padding). TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("token_rewards", token_rewards)], ndim=2, mask=("completion_mask", completion_mask),
+                    gamma=(gamma, _UNIT), requires=[("completion_mask", "expected at least 2 kept tokens to whiten",
+                                                     lambda: int((stored(completion_mask) != 0).sum()) >= 2)])
+    kept = _constant(completion_mask).bool()  # (N, R)
+    rewards = masked(_constant(token_rewards), kept)
+    running = torch.zeros_like(rewards[:, 0])  # (N,): G_next of each sequence
+    returns = []
+    for t in reversed(range(rewards.shape[1])):
+        running = torch.where(kept[:, t], rewards[:, t] + gamma * running, running)
+        returns.append(masked(running, kept[:, t]))
+    returns = torch.stack(returns[::-1], dim=1)  # R x (N,) -> (N, R)
+    values = returns[kept]  # (number of kept tokens,)
+    mean = values.mean()
+    variance = (values - mean).square().sum() / (values.numel() - 1)  # unbiased
+    advantages = masked((returns - mean) / (variance + REINFORCE_PP_WHITEN_EPSILON).sqrt(), kept)
+    return advantages, returns
+
+
+@finite_result("rewards")
+def opo_advantages(rewards, lengths, *, check=True):
+    """OPO advantages: the reward minus the group's LENGTH-WEIGHTED mean reward, no std (Hao et al.,
+    On-Policy RL with Optimal Reward Baseline, arXiv 2505.23585).
+
+        b_b     = sum_g L[b, g] R[b, g] / sum_g L[b, g]
+        A[b, g] = R[b, g] - b_b
+
+    For a sequence-level reward the baseline that minimizes the gradient's variance weighs each sample
+    by the squared norm of its score-function gradient; under the paper's assumption that this grows
+    with the response length, the optimal baseline is the length-weighted mean.
+
+    Args:
+        rewards: (B, G) float, G >= 2; detached.
+        lengths: (B, G) integer response lengths >= 1 (required).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad; a row of equal rewards gives exact zeros.
+    Raises:
+        ValueError naming the argument for bad tensors, G < 2 or lengths < 1.
+    verl: algorithm.adv_estimator="opo" (the same baseline, over the token counts of the responses).
+    TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("rewards", rewards)], ndim=2, lengths=("lengths", lengths),
+                    requires=[_two_samples(rewards)])
+    rewards = _constant(rewards)
+    weights = _constant(lengths).to(rewards.dtype)
+    baseline = (weights * rewards).sum(dim=1, keepdim=True) / weights.sum(dim=1, keepdim=True)  # (B, 1)
+    return masked(rewards - baseline, ~tied_groups(rewards, keepdim=True))
+
+
+@finite_result("rewards")
+def passk_advantages(rewards, epsilon=1e-6, scale=True, *, check=True):
+    """Pass@k advantages: only the best sample of each group gets credit, the margin by which it beats the
+    second best (Tang et al., Optimizing Language Models for Inference Time Objectives using Reinforcement
+    Learning, arXiv 2503.19595, the leave-one-out pass@k gradient with k = G).
+
+        A[b, argmax] = (r_max - r_2nd) / (std_b + epsilon)     std_b unbiased; no division if not scale
+        A[b, other]  = 0                                        (a tied maximum gives 0 everywhere)
+
+    The group's reward under pass@G is its best sample's reward; removing that sample lowers it to the
+    second best, so only the best sample is responsible for the difference.
+
+    Args:
+        rewards: (B, G) float, G >= 2; detached.
+        epsilon: > 0 added to the std. scale: a bool, divide by the group's std.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad; a row of equal rewards gives exact zeros.
+    Raises:
+        ValueError naming the argument for bad tensors, G < 2, epsilon <= 0 or a non-bool scale.
+    verl: algorithm.adv_estimator="grpo_passk" (scale: algorithm.norm_adv_by_std_in_grpo). TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("rewards", rewards)], ndim=2, epsilon=(epsilon, _POSITIVE), scale=(scale, bool),
+                    requires=[_two_samples(rewards)])
+    rewards = _constant(rewards)
+    top = rewards.topk(2, dim=1)  # values and indices (B, 2): the best and the second best
+    margin = top.values[:, 0] - top.values[:, 1]  # (B,), 0 when the maximum is tied
+    if scale:
+        margin = margin / (rewards.std(dim=1) + epsilon)  # unbiased std of the row
+    return torch.zeros_like(rewards).scatter(1, top.indices[:, :1], margin.unsqueeze(1))  # (B,) -> (B, G)
+
+
+@finite_result("rewards")
+def gdpo_advantages(rewards, reward_weights=None, epsilon=1e-4, *, check=True):
+    """GDPO advantages for several rewards: normalize each reward within its group first, then sum them
+    and normalize the sum over the batch (Liu et al., GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization, arXiv 2601.05242).
+
+        z[b, g, k] = (R[b, g, k] - mean_g) / (std_g + epsilon)    per group and reward; 0 if constant
+        s[b, g]    = sum_k w_k z[b, g, k]
+        A[b, g]    = (s - mean s) / (std s + epsilon)             over all B*G; stds unbiased
+
+    GRPO on the summed reward maps different reward combinations to the same advantage (a format point
+    and a correctness point cancel); normalizing each reward first keeps their differences apart.
+
+    Args:
+        rewards: (B, G, K) float, G >= 2 samples, K rewards per sample; detached.
+        reward_weights: (K,) float weights w, or None for all 1; detached.
+        epsilon: > 0 added to both stds.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad; exact zeros when every s is equal (every group constant).
+    Raises:
+        ValueError naming the argument for bad tensors, G < 2, a weight vector of the wrong length or
+        epsilon <= 0.
+    TRL: GRPOConfig(multi_objective_aggregation="normalize_then_sum", reward_weights). verl:
+    algorithm.adv_estimator="gdpo" differs: epsilon 1e-6, the batch whitening weighted by the token
+    counts, and its first stage computed in float32.
+    """
+    if check:
+        vectors = [] if reward_weights is None else [("reward_weights", reward_weights, 2)]
+        _check_args(tensors=[("rewards", rewards)], ndim=3, vectors=vectors, epsilon=(epsilon, _POSITIVE),
+                    requires=[_two_samples(rewards)])
+    rewards = _constant(rewards)
+    weights = torch.ones_like(rewards[0, 0]) if reward_weights is None else _constant(reward_weights)  # (K,)
+    constant = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)  # (B, 1, K): a reward tied within its group
+    mean, std = rewards.mean(dim=1, keepdim=True), rewards.std(dim=1, keepdim=True)  # (B, 1, K), unbiased
+    summed = (masked((rewards - mean) / (std + epsilon), ~constant) * weights).sum(dim=-1)  # (B, G, K) -> (B, G)
+    if bool((summed == summed.flatten()[0]).all()):  # the batch std is 0: rounding noise / epsilon is no signal
+        return torch.zeros_like(summed)
+    return (summed - summed.mean()) / (summed.std() + epsilon)  # over all B*G, unbiased
+
+
+GPG_ALPHA_COUNTS = ("reward", "group")
+
+
+@finite_result("rewards")
+def gpg_advantages(rewards, f_norm=1.0, alpha_count="reward", *, check=True):
+    """GPG advantages: the group-centred reward, no std, scaled up by the share of samples that teach
+    something (Chu et al., GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning,
+    arXiv 2504.02546).
+
+        A[b, g] = alpha * (R[b, g] - mean_g R[b]) / f_norm
+        alpha   = N / max(1, #(R != 0))                       "reward": verl's count, N = B*G
+        alpha   = N / max(1, #responses in non-tied groups)   "group": the paper's B / (B - M)
+
+    Groups whose rewards are all equal give zero gradient and dilute the batch mean; alpha undoes the
+    dilution, so the step is as large as if only the informative samples had been drawn.
+
+    Args:
+        rewards: (B, G) float, G >= 2; detached.
+        f_norm: > 0, a constant divisor (the paper's F_norm, 1 by default: the std is not used).
+        alpha_count: "reward" or "group", what alpha counts (see above).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (B, G) advantages without grad; a row of equal rewards gives exact zeros.
+    Raises:
+        ValueError naming the argument for bad tensors, G < 2, f_norm <= 0 or an unknown alpha_count.
+    verl: algorithm.adv_estimator="gpg" (alpha_count "reward"). TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("rewards", rewards)], ndim=2, f_norm=(f_norm, _POSITIVE),
+                    alpha_count=(alpha_count, GPG_ALPHA_COUNTS), requires=[_two_samples(rewards)])
+    rewards = _constant(rewards)
+    tied = tied_groups(rewards, keepdim=True)  # (B, 1)
+    if alpha_count == "reward":
+        informative = int((rewards != 0).sum())
+    else:
+        informative = int((~tied).sum()) * rewards.shape[1]
+    alpha = rewards.numel() / max(1, informative)
+    return alpha * masked(rewards - rewards.mean(dim=1, keepdim=True), ~tied) / f_norm
+
+
+# --- KL: exact, the three sampled estimators and their corrections -------------------------
 
 
 @finite_result("logits")
@@ -647,6 +994,69 @@ def kl_k2(policy_logps, ref_logps, *, check=True):
     """
     _check_kl_args(policy_logps, ref_logps, check)
     return 0.5 * (policy_logps - _constant(ref_logps)).square()
+
+
+@finite_result("policy_logps")
+def kl_k3_is_corrected(policy_logps, old_logps, ref_logps, *, check=True):
+    """k3 times the ratio pi / pi_old: the k3 penalty made right for tokens sampled from pi_old
+    (DeepSeek-V3.2, arXiv 2512.02556, its unbiased KL estimate; Tang and Munos, arXiv 2506.09477).
+
+        kl = exp(policy - old) * k3(policy, ref)          gradient through both factors
+
+    From the second pass over a batch the tokens come from pi_old, not from the policy being trained,
+    so a plain mean of k3 estimates the wrong expectation and its gradient is biased. The ratio turns
+    the expectation under pi_old into one under pi. On the first pass (policy == old) the value is k3
+    and the gradient is k2's, policy - ref: the gradient of KL(pi || ref) for one draw.
+
+    Args:
+        policy_logps: (...) float log-probs (nats) of the sampled tokens; gradient flows through it.
+        old_logps: same shape and dtype, at sampling time; detached. ref_logps: the reference; detached.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) per-token values, >= 0.
+    Raises:
+        ValueError naming the argument for bad tensors, or (naming policy_logps) a ratio or k3 the dtype
+        cannot hold.
+    TRL: GRPOConfig(use_bias_correction_kl=True), on by default (at importance_sampling_level="sequence"
+    the ratio is the sequence's s_i). verl: none.
+    """
+    if check:
+        _check_args(tensors=[("policy_logps", policy_logps), ("old_logps", old_logps), ("ref_logps", ref_logps)])
+    ratio = (policy_logps - _constant(old_logps)).exp()  # not detached: the correction is differentiated too
+    return ratio * kl_k3(policy_logps, ref_logps, check=False)
+
+
+STRAIGHT_THROUGH_KINDS = ("k3+", "k1+")
+
+
+@finite_result("policy_logps")
+def kl_straight_through(policy_logps, ref_logps, kind="k3+", *, check=True):
+    """A KL estimate whose value is k3's (or k1's) and whose gradient is k2's: a straight-through estimator
+    (verl's "k3+" and "k1+"; Tang and Munos, arXiv 2506.09477, show k2's gradient is the right one).
+
+        kl = (k2 - sg(k2)) + sg(k)        k = k3 for "k3+", k1 for "k1+"
+
+    The first bracket is exactly 0 in value and carries k2's gradient, policy - ref, which for one draw
+    from the policy is the gradient of KL(pi || ref); the second carries the value, bit for bit, and no
+    gradient. So the logged number stays the unbiased k3 (or k1) while the update follows k2.
+
+    Args:
+        policy_logps: (...) float log-probs (nats); gradient flows through it.
+        ref_logps: same shape and dtype, the reference; detached.
+        kind: "k3+" or "k1+".
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) per-token values equal to kl_k3 (or kl_k1) bit for bit.
+    Raises:
+        ValueError naming the argument for bad tensors or an unknown kind.
+    verl: actor.kl_loss_type="k3+" or "k1+" (its k3 also clamps to [-10, 10]). TRL: none.
+    """
+    if check:
+        _check_args(tensors=[("policy_logps", policy_logps), ("ref_logps", ref_logps)],
+                    kind=(kind, STRAIGHT_THROUGH_KINDS))
+    k2 = kl_k2(policy_logps, ref_logps, check=False)
+    value = (kl_k3 if kind == "k3+" else kl_k1)(policy_logps, ref_logps, check=False).detach()
+    return (k2 - k2.detach()) + value  # brackets first: 0 + value is value, exactly
 
 
 # --- token sequences: the causal shift, masks and reductions ---------------------------------
@@ -1059,7 +1469,517 @@ def sapo_policy_loss(
     return reduce_token_loss(per_token_loss, completion_mask, reduction, max_new_tokens, check=False)
 
 
-# --- corrections and shaping: truncated importance weights, the overlong penalty -------------
+# --- second-wave policy losses: DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO
+
+
+@dataclasses.dataclass
+class _TokenLossInputs:
+    """The checked, prepared inputs of a token policy loss: every masked position already holds 0 (before
+    any exp, so that a filler such as -1e9 neither overflows nor sends NaN through a where()), and every
+    input but policy_logps detached. The shapes: N sequences, R response positions."""
+
+    policy: torch.Tensor  # (N, R) log-probs, gradient flows; 0 where masked
+    old: torch.Tensor | None  # (N, R) detached, 0 where masked (None for a loss without the old policy)
+    ref: torch.Tensor  # (N, R) detached, 0 where masked
+    advantages: torch.Tensor  # (N, 1) detached: broadcasts over each sequence's tokens
+    mask: torch.Tensor  # (N, R) 0/1 in the policy's dtype, detached
+    completion_mask: torch.Tensor  # as given, for reduce_token_loss
+    beta: float
+    reduction: str | None
+    max_new_tokens: int | None
+    kl_estimator: object
+    importance_weights: torch.Tensor | None  # (N, R), or None; `_weighted` detaches them
+
+    def logratio(self):
+        """l = logp - old, (N, R); 0 where masked."""
+        return self.policy - self.old
+
+    def ratio(self):
+        """r = exp(l), (N, R); l clamped at exp_limit (about 709 nats in float64) so that r never overflows."""
+        logratio = self.logratio()
+        return logratio.clamp(max=exp_limit(logratio.dtype)).exp()
+
+    def sequence_mean(self, per_token):
+        """(N, R) -> (N,): the mean over each sequence's kept tokens, sum_t m x / max(sum_t m, 1)."""
+        return masked(per_token, self.mask).sum(dim=1) / self.mask.sum(dim=1).clamp(min=1.0)
+
+    def kl(self):
+        """beta * kl_estimator per token, (N, R); zeros when beta is 0 (a far-off estimate is never computed)."""
+        if self.beta == 0:
+            return torch.zeros_like(self.policy)
+        return self.beta * self.kl_estimator(self.policy, self.ref, check=False)
+
+    def reduce(self, per_token_loss):
+        """The tail every token loss shares: loss * importance weight + beta * kl per token (the weight is
+        not on the KL), reduced by `reduce_token_loss`."""
+        per_token_loss = _weighted(per_token_loss, self.importance_weights, self.completion_mask, False)
+        per_token_loss = per_token_loss + _kl_term(self.kl_estimator, self.policy, self.ref, self.beta)
+        return reduce_token_loss(per_token_loss, self.completion_mask, self.reduction, self.max_new_tokens, check=False)
+
+
+def _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta=0.0,
+                       reduction=None, max_new_tokens=None, kl_estimator=kl_k3, importance_weights=None,
+                       ordered=(), requires=(), **scalars):
+    """Check a token loss's arguments once (with check) and prepare them: a `_TokenLossInputs`. old_logps is
+    None for a loss without the old policy (GPG); reduction None for a loss with its own reduction; scalars,
+    ordered and requires as `_check_args`."""
+    if check:
+        logps = [(name, value) for name, value in (("policy_logps", policy_logps), ("old_logps", old_logps),
+                                                   ("ref_logps", ref_logps)) if value is not None]
+        _check_args(tensors=logps, ndim=2, mask=("completion_mask", completion_mask),
+                    vectors=[("advantages", advantages, 0)], reduction=reduction, max_new_tokens=max_new_tokens,
+                    ordered=ordered, requires=requires, beta=(beta, _NONNEGATIVE), **scalars)
+        if kl_estimator not in KL_ESTIMATORS.values():
+            raise ValueError(f"kl_estimator: expected one of the atoms kl_k1, kl_k2, kl_k3, got {kl_estimator!r}")
+        if importance_weights is not None:
+            _check_args(tensors=[("importance_weights", importance_weights)], ndim=2, requires=[
+                ("importance_weights", f"expected the shape of completion_mask {tuple(completion_mask.shape)}",
+                 lambda: importance_weights.shape == completion_mask.shape),
+                ("importance_weights", "expected weights >= 0", lambda: bool((stored(importance_weights) >= 0).all()))])
+    mask = _constant(completion_mask).to(policy_logps.dtype)
+    constant = [None if value is None else _constant(value) for value in (old_logps, ref_logps)]
+    policy, old, ref = [None if value is None else masked(value, mask) for value in [policy_logps] + constant]
+    return _TokenLossInputs(policy, old, ref, _constant(advantages).unsqueeze(1), mask, completion_mask, beta,
+                            reduction, max_new_tokens, kl_estimator, importance_weights)
+
+
+DPPO_KINDS = ("tv", "kl")
+DPPO_KL_EPSILON = 1e-8  # verl's: keeps log((1 - q) / (1 - p)) finite where a probability is 1
+
+
+@finite_result("policy_logps")
+def dppo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, kind="tv", delta=0.2, delta_high=None, cap=3.0,
+    beta=0.0, reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3, importance_weights=None, check=True,
+):
+    """DPPO token loss: a trust region on the token's PROBABILITY, not on its ratio (Qi et al., Rethinking the
+    Trust Region in LLM Reinforcement Learning, arXiv 2602.04879, the binary TV and KL variants).
+
+        p = exp(logp), q = exp(old)                     the sampled token's probability now and at sampling
+        tv: keep = (p - q <= delta_high)   if A > 0     else (p - q >= -delta)
+        kl: D = q (old - logp) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8))      binary KL(q || p)
+            keep = (D <= delta_high or p <= q)  if A > 0   else (D <= delta or p >= q)
+        per_tok = -A * sg(min(r, cap)) * logp * keep    (keep detached; r = exp(logp - old))
+
+    A ratio clip treats a rare token (q = 0.001 -> 0.003, ratio 3) as a large move and a frequent one
+    (q = 0.99 -> 0.8, ratio 0.81) as a small one; in probability mass it is the other way round. DPPO
+    drops a token's gradient only once its probability has moved too far in the direction its
+    advantage pushes, measured in total variation (|p - q|) or in the binary KL of the token's
+    Bernoulli (taken, not taken). The kept tokens get a capped-ratio, CISPO-like gradient.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        kind: "tv" or "kl". delta: > 0, the bound for A <= 0. delta_high: > 0, for A > 0 (None: delta).
+        cap: > 0, the cap on the detached ratio that weighs the gradient.
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    verl: actor.policy_loss.loss_mode="dppo_tv" / "dppo_kl", delta and delta_high from clip_ratio_low /
+    clip_ratio_high, cap from clip_ratio_c (ActorConfig's 3.0; the loss code falls back to 20 only when it
+    is unset). The authors cap at 10 and take the ratio to the rollout engine's log-probs. TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights, kind=(kind, DPPO_KINDS),
+                           delta=(delta, _POSITIVE), delta_high=(delta_high, {**_POSITIVE, "none": True}),
+                           cap=(cap, _POSITIVE))
+    delta_high = delta if delta_high is None else delta_high
+    logp = x.policy.detach()
+    p, q = logp.exp(), x.old.exp()  # (N, R): masked positions hold logp = old = 0, so p = q = 1 and D = 0
+    if kind == "tv":
+        rose_too_far, fell_too_far = p - q > delta_high, p - q < -delta
+    else:
+        divergence = q * (x.old - logp) + (1 - q) * torch.log((1 - q + DPPO_KL_EPSILON) / (1 - p + DPPO_KL_EPSILON))
+        rose_too_far, fell_too_far = (divergence > delta_high) & (p > q), (divergence > delta) & (p < q)
+    keep = torch.where(x.advantages > 0, ~rose_too_far, ~fell_too_far).to(logp.dtype)  # (N, R), detached
+    weight = x.ratio().detach().clamp(max=cap)  # detached: it scales the gradient of logp, as CISPO's weight
+    return x.reduce(-x.advantages * weight * x.policy * keep)
+
+
+@finite_result("policy_logps")
+def gmpo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.4, epsilon_high=None, beta=0.0,
+    *, kl_estimator=kl_k3, check=True,
+):
+    """GMPO loss: the GEOMETRIC mean of the token ratios, each clipped in log space, one term per sequence
+    (Zhao et al., Geometric-Mean Policy Optimization, arXiv 2507.20673).
+
+        sigma   = sign(A_i);  l = logp - old
+        l~      = sigma * min(sigma * l, sigma * clamp(l, -epsilon, epsilon_high))   PPO's pessimism, in logs
+        s_i     = exp(sum_t m l~ / n_i)                                             n_i = max(sum_t m, 1)
+        loss    = mean_i [ -A_i s_i + beta * sum_t m kl / n_i ]
+
+    GRPO averages token ratios arithmetically, so one token whose ratio explodes dominates its sequence;
+    the geometric mean is the exponential of the mean log-ratio, far less sensitive to an outlier, which
+    lets the clip range grow (epsilon is in log space: 0.4 allows ratios in [e^-0.4, e^0.4]).
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        epsilon: > 0, the lower log-space clip. epsilon_high: > 0 (None: epsilon).
+        beta, kl_estimator: as `grpo_policy_loss` (the KL term is a per-sequence token mean).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars, or a loss the dtype cannot hold
+        (A < 0 with a mean log-ratio beyond about 709 nats: that side of the clip is unbounded).
+    verl: actor.policy_loss.loss_mode="geo_mean" (its clip defaults to clip_ratio 0.2; it adds 1e-8 to the
+    token counts). TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta,
+                           kl_estimator=kl_estimator, epsilon=(epsilon, _POSITIVE),
+                           epsilon_high=(epsilon_high, {**_POSITIVE, "none": True}))
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    logratio = x.logratio()
+    sign = torch.sign(x.advantages)  # (N, 1)
+    pessimistic = sign * torch.minimum(sign * logratio, sign * logratio.clamp(-epsilon, epsilon_high))  # (N, R)
+    sequence_ratio = x.sequence_mean(pessimistic).exp()  # (N,)
+    per_sequence = -x.advantages.squeeze(1) * sequence_ratio + x.sequence_mean(x.kl())
+    return per_sequence.mean()
+
+
+def _kept_covariance(x):
+    """(N, R) detached centred covariance cov = (A - mean A) * (logp - mean logp), both means over kept
+    tokens (Clip-Cov's and KL-Cov's token score), 0 at masked positions."""
+    count = x.mask.sum().clamp(min=1.0)
+    advantages = x.advantages.expand_as(x.policy)  # (N, 1) -> (N, R)
+    logp = x.policy.detach()
+    mean_advantage, mean_logp = (advantages * x.mask).sum() / count, (logp * x.mask).sum() / count
+    return masked((advantages - mean_advantage) * (logp - mean_logp), x.mask)
+
+
+def _covariance_count(fraction, mask):
+    """k = max(1, floor(fraction * number of kept tokens)), as verl's int(ratio * count)."""
+    return max(1, int(fraction * float(mask.sum())))
+
+
+@finite_result("policy_logps")
+def clip_cov_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.2, epsilon_high=None, fraction=2e-4,
+    cov_low=1.0, cov_high=5.0, beta=0.0, reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3,
+    importance_weights=None, check=True, generator=None,
+):
+    """Clip-Cov token loss: PPO-Clip, plus a few random high-covariance tokens whose gradient is cut (Cui et
+    al., The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models, arXiv 2505.22617).
+
+        ppo     = max(-A r, -A clip(r, 1 - eps, 1 + eps_high))          as `clipped_policy_loss`
+        cov     = (A - mean A) (logp - mean logp)                         means over kept tokens, detached
+        cand    = kept and not clipped (not -A clip(r) > -A r) and cov_low < cov < cov_high   (row-major)
+        k       = max(1, floor(fraction * #kept))
+        per_tok = ppo, but 0 on cand[randperm(#cand, generator)[:k]]    (no draw when there is no candidate)
+
+    The paper shows the entropy falls at a rate set by the covariance of a token's log-prob and its
+    advantage: confident tokens with a high advantage collapse the entropy. Removing the gradient of a
+    small random share of exactly those tokens slows the collapse while leaving the rest of PPO intact.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        epsilon, epsilon_high: the clip range, as `clipped_policy_loss`.
+        fraction: in (0, 1], the share of kept tokens cut. cov_low < cov_high: the covariance window.
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        generator: the torch.Generator of the draw (None: the global one, as verl).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    verl: actor.policy_loss.loss_mode="clip_cov" with policy_loss.clip_cov_ratio / clip_cov_lb /
+    clip_cov_ub (verl draws from the global RNG). TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights, ordered=[("cov_low", "cov_high", True)],
+                           epsilon=(epsilon, _CLIP_WIDTH), epsilon_high=(epsilon_high, _CLIP_HIGH),
+                           fraction=(fraction, _FRACTION), cov_low=(cov_low, _REAL), cov_high=(cov_high, _REAL),
+                           generator=(generator, torch.Generator))
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    advantages = x.advantages.expand_as(x.policy)  # (N, 1) -> (N, R)
+    ppo = clipped_policy_loss(x.policy, x.old, advantages, epsilon, epsilon_high, check=False)
+    ratio = x.ratio().detach()
+    clipped = -advantages * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high) > -advantages * ratio
+    cov = _kept_covariance(x)
+    candidates = (x.mask > 0) & ~clipped & (cov > cov_low) & (cov < cov_high)  # (N, R)
+    where = candidates.flatten().nonzero().squeeze(1)  # row-major positions of the candidates
+    cut = torch.ones_like(ppo).flatten()
+    if where.numel() > 0:
+        chosen = torch.randperm(where.numel(), generator=generator)[:_covariance_count(fraction, x.mask)]
+        cut[where[chosen]] = 0.0
+    return x.reduce(ppo * cut.reshape(ppo.shape))  # (N*R,) -> (N, R)
+
+
+@finite_result("policy_logps")
+def kl_cov_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, fraction=2e-4, coef=0.1, beta=0.0,
+    reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3, importance_weights=None, check=True,
+):
+    """KL-Cov token loss: the unclipped policy-gradient surrogate, plus a |log-ratio| penalty on the tokens
+    of largest covariance (Cui et al., arXiv 2505.22617, KL-Cov).
+
+        cov     = (A - mean A) (logp - mean logp)         means over kept tokens, detached
+        top     = the k kept tokens of largest cov        k = max(1, floor(fraction * #kept))
+        per_tok = -A r + coef * |logp - old|  on top,   -A r  elsewhere       (no clip at all)
+
+    Like Clip-Cov it targets the few tokens that collapse the entropy, but instead of cutting their
+    gradient it pulls them back toward the old policy, deterministically. Ties in cov go to the first
+    in row-major order (a stable sort), so the choice is reproducible.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        fraction: in (0, 1]. coef: >= 0, the weight of the |log-ratio| penalty.
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    verl: actor.policy_loss.loss_mode="kl_cov" with policy_loss.kl_cov_ratio and ppo_kl_coef (0.1 in its
+    config; the code's 1.0 applies only when it is unset; verl's topk breaks ties its own way). TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights, fraction=(fraction, _FRACTION),
+                           coef=(coef, _NONNEGATIVE))
+    cov = _kept_covariance(x).flatten()
+    kept = (x.mask > 0).flatten().nonzero().squeeze(1)  # row-major positions of the kept tokens
+    order = torch.sort(cov[kept], descending=True, stable=True).indices[:_covariance_count(fraction, x.mask)]
+    top = torch.zeros_like(cov)
+    top[kept[order]] = 1.0
+    logratio = x.logratio()
+    return x.reduce(-x.advantages * x.ratio() + coef * logratio.abs() * top.reshape(logratio.shape))
+
+
+@finite_result("policy_logps")
+def dro_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, tau, beta=0.0, reduction="token",
+    max_new_tokens=None, *, kl_estimator=kl_k3, importance_weights=None, check=True,
+):
+    """DRO token loss: the policy gradient plus a squared log-ratio that anchors the policy to pi_old
+    (Richemond et al., Offline Regularised Reinforcement Learning for Large Language Models Alignment,
+    arXiv 2405.19107, with pi_old in the reference's place, as verl).
+
+        per_tok = -(A * logp - tau / 2 * (logp - old) ** 2)
+
+    The square is a soft trust region: its gradient tau * (logp - old) grows with the distance from the
+    old policy, instead of dropping to zero at a clip edge. At logp = old the gradient is REINFORCE's.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        tau: > 0, required (no default): the strength of the anchor.
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    verl: actor.policy_loss.loss_mode="dro" with dro_beta = tau. TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights, tau=(tau, _POSITIVE))
+    return x.reduce(-(x.advantages * x.policy - tau / 2.0 * x.logratio().square()))
+
+
+@finite_result("policy_logps")
+def gpg_policy_loss(
+    policy_logps, ref_logps, advantages, completion_mask, beta=0.0, reduction="token", max_new_tokens=None, *,
+    kl_estimator=kl_k3, importance_weights=None, check=True,
+):
+    """GPG token loss: plain REINFORCE, no ratio, no clip, no old policy (Chu et al., GPG: A Simple and
+    Strong Reinforcement Learning Baseline for Model Reasoning, arXiv 2504.02546).
+
+        per_tok = -A * logp
+
+    One gradient step per batch makes pi_old the current policy, so the ratio is 1 and the clip never
+    binds: GPG drops both and keeps the score-function gradient alone. Pair it with `gpg_advantages`.
+
+    Args:
+        policy_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss` (no old_logps).
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    verl: actor.policy_loss.loss_mode="gpg". TRL: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, None, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights)
+    return x.reduce(-x.advantages * x.policy)
+
+
+@finite_result("policy_logps")
+def topr_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, beta=0.0, reduction="constant",
+    max_new_tokens=None, *, kl_estimator=kl_k3, importance_weights=None, check=True,
+):
+    """TOPR token loss: REINFORCE on the good sequences, a truncated importance weight on the bad ones only
+    (Le Roux et al., Tapered Off-Policy REINFORCE, arXiv 2503.14286, the gradient of J_TOPR).
+
+        w_i     = 1                                   if A_i >= 0
+                = min(exp(sum_t m (logp - old)), 1)   if A_i < 0     (the sequence ratio, detached)
+        per_tok = -w_i * A_i * logp
+
+    A sequence with A >= 0 is pushed up at full strength whatever policy sampled it (supervised
+    fine-tuning on the good samples); one with A < 0 is pushed down only as far as the current policy
+    still produces it, so pushing an already unlikely bad answer further down cannot blow up.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        beta, reduction (default "constant": the paper sums over tokens and averages over sequences,
+        which is R times the "constant" reduction), max_new_tokens, kl_estimator, importance_weights: as
+        `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    Libraries: none in TRL or verl (ROLL has a TOPR loss with token ratios and the reward's sign in
+    place of the advantage's).
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights)
+    sequence_logratio = x.logratio().detach().sum(dim=1, keepdim=True)  # (N, R) -> (N, 1)
+    weight = torch.where(x.advantages >= 0, torch.ones_like(sequence_logratio), sequence_logratio.clamp(max=0.0).exp())
+    return x.reduce(-weight * x.advantages * x.policy)
+
+
+@finite_result("policy_logps")
+def cegppo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=0.2, epsilon_high=None, beta1=0.75,
+    beta2=1.0, dual_clip=None, beta=0.0, reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3,
+    importance_weights=None, check=True,
+):
+    """CE-GPPO token loss: PPO-Clip whose clipped tokens keep a scaled gradient instead of none (Su et al.,
+    CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement
+    Learning, arXiv 2509.20712).
+
+        u = r / sg(r)                                     value 1, gradient that of r
+        per_tok = -beta1 * (1 - eps) * u * A        if r < 1 - eps and A < 0
+                = -beta2 * (1 + eps_high) * u * A   if r > 1 + eps_high and A > 0
+                = -r * A                            otherwise
+        dual_clip c: per_tok = min(per_tok, -c A) where A < 0
+
+    The value is PPO-Clip's times beta on the clipped branches; the gradient there is beta times the
+    clip edge's, where PPO gives 0. beta1 < 1 lets clipped low-probability, negative-advantage tokens
+    still raise the entropy a little; beta2 lets clipped positive ones still be learnt from.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        epsilon, epsilon_high, dual_clip: as `clipped_policy_loss`. beta1, beta2: >= 0.
+        beta, reduction (default "token"), max_new_tokens, kl_estimator, importance_weights: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    Libraries: none in TRL or verl; the authors' verl fork, loss_func="gppo_general" (7B: beta1 0.75,
+    beta2 1; it always dual-clips, c = 3, its recipe sets 10).
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, importance_weights, epsilon=(epsilon, _CLIP_WIDTH),
+                           epsilon_high=(epsilon_high, _CLIP_HIGH), beta1=(beta1, _NONNEGATIVE),
+                           beta2=(beta2, _NONNEGATIVE),
+                           dual_clip=(dual_clip, {"low": 1.0, "high": 1e12, "low_open": True, "none": True}))
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    logratio, ratio, advantages = x.logratio(), x.ratio(), x.advantages
+    unit = (logratio - logratio.detach()).exp()  # r / sg(r): exactly 1, with the gradient of r
+    low = (ratio.detach() < 1.0 - epsilon) & (advantages < 0)
+    high = (ratio.detach() > 1.0 + epsilon_high) & (advantages > 0)
+    loss = torch.where(low, -beta1 * (1.0 - epsilon) * unit * advantages,
+                       torch.where(high, -beta2 * (1.0 + epsilon_high) * unit * advantages, -ratio * advantages))
+    if dual_clip is not None:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    return x.reduce(loss)
+
+
+VESPO_LOG_RATIO_CLAMP = 20.0  # TRL's: each token's log-ratio, and the sequence's log-weight from above
+VESPO_MIN_WEIGHT = 1e-8  # TRL's floor of the sequence weight w
+VESPO_MIN_LAMBDA = 1e-4  # TRL's floor of lambda
+
+
+@finite_result("policy_logps")
+def vespo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+    lambda_neg=2.0, beta=0.0, reduction="token", max_new_tokens=None, *, kl_estimator=kl_k3, check=True,
+):
+    """VESPO token loss: REINFORCE weighted by a smooth function of the SEQUENCE ratio (Shen et al., VESPO:
+    Variational Sequence-Level Soft Policy Optimization for Off-Policy LLM Training, arXiv 2602.10693,
+    eq. 20).
+
+        log w   = clamp(sum_t m clamp(logp - old, -20, 20), log 1e-8, 20)      the sequence's log-ratio
+        phi     = exp(lambda + k log w - lambda w) = w**k exp(lambda (1 - w))  (k, lambda) by sign of A
+        per_tok = -sg(phi) * A * logp                                           (nan or inf phi -> 0)
+
+    phi(1) = 1, so on-policy the gradient is REINFORCE's; phi peaks at w = k / lambda and falls to 0 both
+    for w -> 0 and w -> inf: a soft trust region on the whole sequence's ratio, with no length
+    normalization. The weight replaces the importance weight, so the loss takes no importance_weights.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        k_pos, lambda_pos: >= 0, the shape where A >= 0; k_neg, lambda_neg: >= 0, where A < 0 (lambda is
+        used as max(lambda, 1e-4)).
+        beta, reduction (default "token"), max_new_tokens, kl_estimator: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(loss_type="vespo", vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg).
+    verl: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta, reduction,
+                           max_new_tokens, kl_estimator, k_pos=(k_pos, _NONNEGATIVE),
+                           lambda_pos=(lambda_pos, _NONNEGATIVE), k_neg=(k_neg, _NONNEGATIVE),
+                           lambda_neg=(lambda_neg, _NONNEGATIVE))
+    limit = VESPO_LOG_RATIO_CLAMP
+    log_w = x.logratio().detach().clamp(-limit, limit).sum(dim=1, keepdim=True)  # (N, R) -> (N, 1)
+    log_w = log_w.clamp(math.log(VESPO_MIN_WEIGHT), limit)
+    positive = x.advantages >= 0  # (N, 1)
+    k = torch.where(positive, torch.full_like(log_w, k_pos), torch.full_like(log_w, k_neg))
+    lam = torch.where(positive, torch.full_like(log_w, max(lambda_pos, VESPO_MIN_LAMBDA)),
+                      torch.full_like(log_w, max(lambda_neg, VESPO_MIN_LAMBDA)))
+    phi = torch.nan_to_num((lam + k * log_w - lam * log_w.exp()).exp(), nan=0.0, posinf=0.0, neginf=0.0)
+    return x.reduce(-phi * x.advantages * x.policy)
+
+
+@finite_result("policy_logps")
+def luspo_policy_loss(
+    policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon=3e-4, epsilon_high=4e-4, beta=0.0,
+    *, kl_estimator=kl_k3, check=True,
+):
+    """LUSPO loss: GSPO with each sequence's term scaled by its LENGTH (Liu et al., Length-Unbiased Sequence
+    Policy Optimization: Revealing and Controlling Response Length Variation in RLVR, arXiv 2602.05261).
+
+        s_i   = exp(sum_t m (logp - old) / n_i)                              GSPO's sequence ratio
+        loss  = mean_i [ L_i * -min(s_i A_i, clip(s_i, 1 - eps, 1 + eps_high) A_i) + beta * sum_t m kl ]
+
+    GSPO's per-sequence mean gives every response the same weight, so the gradient per token of a long
+    response is smaller and the policy drifts toward short answers. Multiplying by L_i = sum_t m gives
+    every token the same weight again; the KL term is likewise a sum over the tokens.
+
+    Args:
+        policy_logps, old_logps, ref_logps, advantages, completion_mask: as `grpo_policy_loss`.
+        epsilon, epsilon_high: the clip range on s_i, as `gspo_policy_loss` (GSPO's tiny defaults).
+        beta, kl_estimator: as `grpo_policy_loss`.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar loss to minimize.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(loss_type="luspo", importance_sampling_level="sequence") (TRL's epsilon defaults to
+    0.2; the defaults here are GSPO's). verl: none.
+    """
+    x = _token_loss_inputs(check, policy_logps, old_logps, ref_logps, advantages, completion_mask, beta,
+                           kl_estimator=kl_estimator, epsilon=(epsilon, _CLIP_WIDTH),
+                           epsilon_high=(epsilon_high, _CLIP_HIGH))
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    log_s = x.sequence_mean(x.logratio())  # (N,)
+    per_sequence = clipped_policy_loss(log_s, torch.zeros_like(log_s), x.advantages.squeeze(1), epsilon, epsilon_high,
+                                       check=False)
+    lengths = x.mask.sum(dim=1)  # (N,) L_i
+    return (lengths * per_sequence + masked(x.kl(), x.mask).sum(dim=1)).mean()
+
+
+# --- corrections and shaping: importance weights, off-policy masks, the overlong penalty ----
 
 
 @finite_result("old_logps")
@@ -1128,6 +2048,263 @@ def overlong_penalty(lengths, max_new_tokens, cache, *, check=True):
     ramp = (start - lengths) / cache
     penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
     return torch.where(lengths > max_new_tokens, torch.full_like(lengths, -1.0), penalty)
+
+
+ROLLOUT_LEVELS = ("token", "sequence")
+ROLLOUT_MODES = ("truncate", "mask")
+_WEIGHT_BOUND = {"low": 0.0, "high": 1e12, "low_open": True, "none": True}
+
+
+@finite_result("old_logps")
+def rollout_correction_weights(old_logps, rollout_logps, completion_mask, level="token", mode="truncate", low=None,
+                               high=2.0, *, check=True):
+    """Importance weights from the rollout engine's distribution to the trainer's old policy, per token or
+    per sequence, truncated or masked (the general form of `truncated_importance_weights`; Yao et al., 2025,
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"; IcePop, Ling team, 2025).
+
+        d       = old - rollout                                on kept tokens (0 at padding)
+        token:    w = exp(d)            sequence: w_i = exp(sum_t d) on each of its tokens
+        truncate: w = clamp(w, low, high)                      (None: that side open; capped = high exactly)
+        mask:     w if low <= w <= high else 0                 (both bounds: IcePop's two-sided mask)
+
+    Truncating keeps every token with a bounded weight (a little bias, bounded variance); masking drops
+    the tokens or sequences whose mismatch is too large altogether (no bias from a clipped weight, but
+    they teach nothing). A sequence weight is a product of token ratios: it catches a mismatch spread
+    thinly over many tokens, which a token weight misses.
+
+    Args:
+        old_logps: (N, R) float, the trainer's log-probs of the sampled tokens; detached.
+        rollout_logps: (N, R) same dtype, the sampler's log-probs of the same tokens; detached.
+        completion_mask: (N, R) 0/1, 1 on the tokens that count.
+        level: "token" or "sequence". mode: "truncate" or "mask" (mask needs low, high or both).
+        low, high: > 0 (up to 1e12), low <= high, or None for an open side.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N, R) weights >= 0 without grad, 0 at padding; exactly 1 where the two log-probs agree (and 1 lies
+        within the bounds).
+    Raises:
+        ValueError naming the argument for bad tensors, an unknown level or mode, bad bounds, or mode
+        "mask" without a bound.
+    verl: algorithm.rollout_correction.rollout_is="token" | "sequence" with rollout_is_threshold (2.0)
+    or its "low_high" form, and rollout_rs for the mask (verl clamps the log-ratio at +-20 before exp).
+    TRL: GRPOConfig(vllm_importance_sampling_mode="{level}_{mode}", vllm_importance_sampling_clip_min /
+    vllm_importance_sampling_clip_max) (its default "sequence_mask", max 3.0).
+    """
+    if check:
+        _check_args(tensors=[("old_logps", old_logps), ("rollout_logps", rollout_logps)], ndim=2,
+                    mask=("completion_mask", completion_mask), level=(level, ROLLOUT_LEVELS),
+                    mode=(mode, ROLLOUT_MODES), low=(low, _WEIGHT_BOUND), high=(high, _WEIGHT_BOUND),
+                    ordered=[("low", "high", False)],
+                    requires=[("high", "mode 'mask' needs a bound: low, high or both",
+                               lambda: mode != "mask" or low is not None or high is not None)])
+    kept = _constant(completion_mask).bool()
+    log_weights = masked(_constant(old_logps) - _constant(rollout_logps), kept)  # (N, R)
+    if level == "sequence":
+        log_weights = log_weights.sum(dim=1, keepdim=True).expand_as(log_weights)  # (N, 1) -> (N, R)
+    if high is not None:  # above the limit the weight is capped or masked anyway
+        log_weights = log_weights.clamp(max=exp_limit(log_weights.dtype))
+    weights = log_weights.exp()
+    if mode == "truncate":
+        weights = weights.clamp(min=low, max=high)
+    else:
+        inside = torch.ones_like(kept)
+        if low is not None:
+            inside = inside & (weights >= low)
+        if high is not None:
+            inside = inside & (weights <= high)
+        weights = masked(weights, inside)
+    return masked(weights, kept)
+
+
+def off_policy_sequence_mask(policy_logps, sampling_logps, advantages, completion_mask, threshold, *, check=True):
+    """DeepSeek-V3.2's off-policy sequence mask: drop a NEGATIVE-advantage sequence whose policy has drifted
+    too far from the one that sampled it (DeepSeek-AI, DeepSeek-V3.2, arXiv 2512.02556, eq. 9).
+
+        keep_i = A_i >= 0  or  sum_t m (sampling - policy) / n_i <= threshold      n_i = max(sum_t m, 1)
+
+    The mean log-ratio of the sampler over the policy is a per-token KL estimate on the samples. A bad
+    sequence the current policy no longer produces teaches little and, pushed down further, can
+    destabilize training; a good one is always kept.
+
+    Args:
+        policy_logps: (N, R) float, the current (or old) policy's log-probs of the sampled tokens.
+        sampling_logps: (N, R) same dtype, the sampler's log-probs. advantages: (N,).
+        completion_mask: (N, R) 0/1. threshold: >= 0, required (no default).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N,) bool, without grad: True for the sequences to keep.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or a threshold that is not >= 0.
+    TRL: GRPOConfig(off_policy_mask_threshold). verl: none.
+    """
+    if check:
+        _check_args(tensors=[("policy_logps", policy_logps), ("sampling_logps", sampling_logps)], ndim=2,
+                    mask=("completion_mask", completion_mask), vectors=[("advantages", advantages, 0)],
+                    threshold=(threshold, _NONNEGATIVE))
+    mask = _constant(completion_mask).to(policy_logps.dtype)
+    gap = masked(_constant(sampling_logps) - _constant(policy_logps), mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    return (_constant(advantages) >= 0) | (gap <= threshold)
+
+
+def m2po_mask(policy_logps, behavior_logps, completion_mask, threshold=0.04, *, check=True):
+    """M2PO's token mask: drop the fewest tokens of largest squared log-ratio that bring the batch's second
+    moment below a threshold (Zheng, Zhao and Chen, Prosperity before Collapse: How Far Can Off-Policy RL
+    Reach with Stale Data on LLMs?, arXiv 2510.01161, eqs. 4-5).
+
+        M2   = (policy - behavior)**2 on kept tokens, sorted from the largest (a stable sort)
+        drop = the shortest prefix whose removal leaves mean(M2 of the rest) < threshold
+               (when none does, keep only the smallest)
+
+    With stale data the token ratios spread out; clipping each ratio (PPO) throws away the rare,
+    informative tokens whose ratio is high. Bounding the second moment of the log-ratios instead masks
+    only the few outliers that make the batch's update unstable.
+
+    Args:
+        policy_logps: (N, R) float, the current policy's log-probs. behavior_logps: (N, R), the stale
+            policy's that sampled the tokens. completion_mask: (N, R) 0/1.
+        threshold: > 0, the bound on the mean of M2 (the paper's tau, 0.04).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N, R) bool, without grad: True on the kept tokens that stay, a subset of the mask.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or threshold <= 0.
+    AReaL: actor.m2_threshold. TRL, verl: none.
+    """
+    if check:
+        _check_args(tensors=[("policy_logps", policy_logps), ("behavior_logps", behavior_logps)], ndim=2,
+                    mask=("completion_mask", completion_mask), threshold=(threshold, _POSITIVE))
+    kept = _constant(completion_mask).bool()
+    positions = kept.flatten().nonzero().squeeze(1)  # row-major positions of the kept tokens
+    result = torch.zeros_like(kept).flatten()
+    if positions.numel() == 0:
+        return result.reshape(kept.shape)
+    second_moment = (_constant(policy_logps) - _constant(behavior_logps)).square().flatten()[positions]
+    order = torch.sort(second_moment, descending=True, stable=True).indices
+    ranked = second_moment[order]
+    count = ranked.numel()
+    # rest_mean[j]: the mean after dropping the j largest, j = 0 .. count - 1
+    rest_mean = ranked.flip(0).cumsum(0).flip(0) / torch.arange(count, 0, -1, dtype=ranked.dtype)
+    below = (rest_mean < threshold).nonzero()
+    dropped = int(below[0]) if below.numel() > 0 else count - 1
+    result[positions[order[dropped:]]] = True
+    return result.reshape(kept.shape)  # (N*R,) -> (N, R)
+
+
+# --- entropy: the token entropy, its bonus, its adaptive coefficient, the high-entropy mask ----------
+
+
+@finite_result("logits")
+def token_entropy(logits, *, check=True):
+    """Entropy of the policy's next-token distribution, per position, in nats.
+
+        H = -sum_v softmax(logits)_v * log_softmax(logits)_v       over the last axis
+
+    Args:
+        logits: (..., V) float; gradient flows to it.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (...) entropies in [0, log V].
+    Raises:
+        ValueError naming logits for a bad or 0-D tensor.
+    verl: verl.utils.torch_functional.entropy_from_logits (logsumexp - sum p * logits, the same value).
+    TRL: its entropy_from_logits, the same formula.
+    """
+    if check:
+        _check_args(tensors=[("logits", logits)], requires=[("logits", "expected at least 1 dimension (..., V)",
+                                                             lambda: logits.dim() >= 1)])
+    logp = F.log_softmax(logits, dim=-1)  # log_softmax, never log(softmax): no log 0
+    return -(logp.exp() * logp).sum(dim=-1)  # (..., V) -> (...)
+
+
+@finite_result("entropies")
+def entropy_bonus(entropies, completion_mask, coef, reduction="token", max_new_tokens=None, *, check=True):
+    """The entropy bonus to ADD to a loss: minus coef times the reduced token entropy (Williams and Peng,
+    1991; the entropy term of PPO, arXiv 1707.06347, eq. 9).
+
+        bonus = -coef * reduce_token_loss(entropies, completion_mask, reduction)
+
+    Minimizing the loss plus the bonus raises the entropy, which keeps the policy from collapsing onto
+    one answer before it has explored.
+
+    Args:
+        entropies: (N, R) float, e.g. `token_entropy` of the response positions; gradient flows through it.
+        completion_mask: (N, R) 0/1. coef: >= 0.
+        reduction, max_new_tokens: as `reduce_token_loss` (default "token", the token mean).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        scalar, <= 0 for entropies >= 0.
+    Raises:
+        ValueError naming the argument for bad tensors, shapes or scalars.
+    TRL: GRPOConfig(entropy_coef) (the token mean). verl: actor.entropy_coeff (its reduction is
+    loss_agg_mode's; verl adds 1e-8 to token counts).
+    """
+    if check:
+        _check_args(tensors=[("entropies", entropies)], ndim=2, mask=("completion_mask", completion_mask),
+                    reduction=reduction, max_new_tokens=max_new_tokens, coef=(coef, _NONNEGATIVE))
+    return -coef * reduce_token_loss(entropies, completion_mask, reduction, max_new_tokens, check=False)
+
+
+def adaptive_entropy_coef(coef, entropy, target=0.2, delta=0.005, coef_min=0.0, coef_max=1.0, *, check=True):
+    """Skywork-OR1's adaptive entropy coefficient: one step toward a target entropy (He et al., Skywork Open
+    Reasoner 1 Technical Report, arXiv 2505.22312).
+
+        coef_next = min(coef + delta, coef_max)   if entropy <= target
+                  = max(coef - delta, coef_min)   otherwise
+
+    A fixed entropy coefficient is either too weak (the entropy collapses) or too strong (it explodes);
+    stepping it after each update keeps the entropy near the target instead.
+
+    Args:
+        coef: >= 0, the current coefficient. entropy: >= 0, the measured mean token entropy (a float).
+        target: >= 0. delta: >= 0, the step. coef_min, coef_max: 0 <= coef_min <= coef_max.
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        float, the next coefficient.
+    Raises:
+        ValueError naming the argument for a scalar out of range.
+    TRL: GRPOConfig(use_adaptive_entropy=True, entropy_target, ...). verl: none.
+    """
+    if check:
+        _check_args(coef=(coef, _NONNEGATIVE), entropy=(entropy, _NONNEGATIVE), target=(target, _NONNEGATIVE),
+                    delta=(delta, _NONNEGATIVE), coef_min=(coef_min, _NONNEGATIVE), coef_max=(coef_max, _NONNEGATIVE),
+                    ordered=[("coef_min", "coef_max", False)])
+    if entropy <= target:
+        return float(min(coef + delta, coef_max))
+    return float(max(coef - delta, coef_min))
+
+
+def high_entropy_token_mask(entropies, completion_mask, top_quantile=1.0, *, check=True):
+    """The high-entropy "forking" tokens: the kept tokens whose entropy is in the batch's top share (Wang et
+    al., Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM
+    Reasoning, arXiv 2506.01939).
+
+        keep = kept and H >= quantile(H[kept], 1 - top_quantile)       (linear interpolation)
+
+    The paper finds that the gradient of the top 20% highest-entropy tokens, where the reasoning chooses
+    a path, carries the learning; training on those alone matches or beats training on all tokens.
+
+    Args:
+        entropies: (N, R) float token entropies (detached here). completion_mask: (N, R) 0/1, at least one
+            kept token.
+        top_quantile: in [0, 1]; 1 keeps every kept token, 0 only those at the maximum (the paper's 0.2).
+        check: validate the arguments (see the note above the atoms).
+    Returns:
+        (N, R) bool, without grad, a subset of the mask.
+    Raises:
+        ValueError naming the argument for bad tensors, a mask that keeps nothing or top_quantile
+        outside [0, 1].
+    TRL: GRPOConfig(top_entropy_quantile) (TRL takes the quantile in float32; here it is float64).
+    verl: none.
+    """
+    if check:
+        _check_args(tensors=[("entropies", entropies)], ndim=2, mask=("completion_mask", completion_mask),
+                    top_quantile=(top_quantile, _UNIT), requires=[
+                        ("completion_mask", "expected at least one kept token",
+                         lambda: bool((stored(completion_mask) != 0).any()))])
+    kept = _constant(completion_mask).bool()
+    values = _constant(entropies).to(torch.float64)  # torch.quantile takes float32/float64 only
+    threshold = torch.quantile(values[kept], 1.0 - top_quantile)  # linear interpolation
+    return kept & (values >= threshold)
 
 
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}  # names -> atoms, for the drivers' flags

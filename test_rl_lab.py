@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import tempfile
 import unittest
 from unittest import mock
@@ -38,6 +39,7 @@ from rl_lab import (
     gspo_policy_loss,
     kl_k1,
     kl_k2,
+    kl_k3,
     overlong_penalty,
     reduce_token_loss,
     reinforce_loss,
@@ -1083,6 +1085,808 @@ class DPOFamily(unittest.TestCase):
         loss.backward()
         self.assertAlmostEqual(loss.item(), 2.0 / rl_lab.SAPO_MIN_TAU, delta=1e-6)  # -(2 / tau) * A at ratio 1
         torch.testing.assert_close(policy.grad, t([[0.5, 0.5]]), rtol=0, atol=1e-12)  # -A * ratio / 2 tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# The second wave of atoms (SPEC section 9): one class per family
+# ---------------------------------------------------------------------------------------------
+
+
+def ragged_batch(seed, n=5, r=6, spread=0.4):
+    """A seeded float64 token batch with ragged right padding (lengths 1..r), advantages of both signs and
+    zeros at the masked positions: (policy with grad, old, ref, advantages, mask)."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, r + 1, (n,), generator=generator)
+    lengths[0] = r  # one full row
+    mask = (torch.arange(r).unsqueeze(0) < lengths.unsqueeze(1)).long()  # (n, r)
+    policy = -torch.rand(n, r, generator=generator, dtype=DTYPE) * 2 - 0.05
+    # log-probabilities stay below 0, as a real token's (DPPO's binary KL takes log(1 - p))
+    old = (policy + torch.randn(n, r, generator=generator, dtype=DTYPE) * spread).clamp(max=-0.01)
+    ref = (policy + torch.randn(n, r, generator=generator, dtype=DTYPE) * spread).clamp(max=-0.01)
+    advantages = torch.randn(n, generator=generator, dtype=DTYPE)
+    advantages[1] = 0.0
+    zero = mask == 0
+    policy, old, ref = (value.masked_fill(zero, 0.0) for value in (policy, old, ref))
+    return policy.requires_grad_(True), old, ref, advantages, mask
+
+
+def kept_positions(mask):
+    return [(i, j) for i in range(mask.shape[0]) for j in range(mask.shape[1]) if mask[i, j]]
+
+
+def reduce_reference(terms, mask, reduction, max_new_tokens=None):
+    """A Python loop over reduce_token_loss's formula; terms {(i, j): 0-dim tensor} on the kept tokens."""
+    n, r = mask.shape
+    if reduction == "token":
+        return sum(terms.values()) / len(terms)
+    if reduction == "constant":
+        return sum(terms.values()) / (n * (max_new_tokens or r))
+    total = 0.0
+    for i in range(n):
+        row = [terms[i, j] for j in range(r) if mask[i, j]]
+        total = total + (sum(row) / len(row) if row else 0.0)
+    return total / n
+
+
+def k3_reference(policy, ref):
+    delta = ref - policy
+    return torch.exp(delta) - delta - 1
+
+
+class SecondWaveCase(unittest.TestCase):
+    def assert_value_and_gradient(self, atom, reference, policy, *args, **kwargs):
+        """atom(policy, *args, **kwargs) against reference(): value and gradient w.r.t. policy, 1e-12."""
+        loss = atom(policy, *args, **kwargs)
+        (grad,) = torch.autograd.grad(loss, policy)
+        expected = reference()
+        (expected_grad,) = torch.autograd.grad(expected, policy, allow_unused=True)
+        self.assertAlmostEqual(loss.item(), float(torch.as_tensor(expected).detach()), delta=1e-12)
+        expected_grad = torch.zeros_like(policy) if expected_grad is None else expected_grad
+        torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+
+    def assert_names(self, cases):
+        for name, call in cases:
+            with self.subTest(argument=name), self.assertRaises(ValueError) as caught:
+                call()
+            self.assertTrue(str(caught.exception).startswith(name + ":"), str(caught.exception))
+
+
+class SecondWaveAdvantages(SecondWaveCase):
+    def test_maxrl_divides_by_the_group_mean_binary_rewards_give_r_over_p_minus_one(self):
+        rewards = t([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0], [1.0, 0.0, 0.0, 0.0]])
+        advantages = rl_lab.maxrl_advantages(rewards, epsilon=1e-6)
+        expected = [[0.5 / 0.500001, -0.5 / 0.500001, -0.5 / 0.500001, 0.5 / 0.500001], [0.0] * 4,
+                    [0.75 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001, -0.25 / 0.250001]]
+        torch.testing.assert_close(advantages, t(expected), rtol=0, atol=1e-15)
+        self.assertEqual(advantages[1].tolist(), [0.0] * 4)
+        # binary R, epsilon -> 0: R / p - 1 (p = 1/4 in the last row: 3, -1, -1, -1)
+        torch.testing.assert_close(rl_lab.maxrl_advantages(rewards[2:], epsilon=1e-300), t([[3.0, -1, -1, -1]]))
+
+    def test_reinforce_pp_baseline_hand_case_with_lengths(self):
+        rewards, lengths = t([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1, 3], [2, 2]])
+        # c = [[.5, -.5], [0, 0]]; sum L = 8; mu = (.5 - 1.5) / 8 = -1/8; var = (.625^2 + 3 * .375^2 + 4 * .125^2) / 7
+        std = math.sqrt(0.125 + 1e-8)
+        expected = [[0.625 / std, -0.375 / std], [0.125 / std, 0.125 / std]]
+        torch.testing.assert_close(rl_lab.reinforce_pp_baseline_advantages(rewards, lengths), t(expected),
+                                   rtol=0, atol=1e-14)
+
+    def test_reinforce_pp_returns_pass_through_masked_positions_and_are_whitened(self):
+        rewards = t([[0.0, 0.0, 1.0, 9.0], [0.0, 5.0, 0.0, 2.0]])
+        mask = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]])
+        advantages, returns = rl_lab.reinforce_pp_advantages(rewards, mask, gamma=0.5)
+        self.assertEqual(returns.tolist(), [[0.25, 0.5, 1.0, 0.0], [0.5, 0.0, 1.0, 2.0]])
+        std = math.sqrt(1.96875 / 5 + 1e-8)  # kept returns .25 .5 1 .5 1 2: mean .875
+        expected = [[(0.25 - 0.875) / std, (0.5 - 0.875) / std, 0.125 / std, 0.0],
+                    [(0.5 - 0.875) / std, 0.0, 0.125 / std, 1.125 / std]]
+        torch.testing.assert_close(advantages, t(expected), rtol=0, atol=1e-14)
+
+    def test_opo_subtracts_the_length_weighted_mean(self):
+        advantages = rl_lab.opo_advantages(t([[1.0, 0.0, 1.0], [3.0, 3.0, 3.0]]), torch.tensor([[1, 2, 3], [1, 5, 9]]))
+        torch.testing.assert_close(advantages, t([[1 / 3, -2 / 3, 1 / 3], [0.0, 0.0, 0.0]]), rtol=0, atol=1e-15)
+        self.assertEqual(advantages[1].tolist(), [0.0] * 3)
+
+    def test_passk_credits_only_the_best_sample_by_its_margin(self):
+        rewards = t([[0.5, 1.0, 0.2], [1.0, 1.0, 0.0], [4.0, 4.0, 4.0]])
+        unscaled = rl_lab.passk_advantages(rewards, scale=False)
+        self.assertEqual(unscaled.tolist(), [[0.0, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+        scaled = rl_lab.passk_advantages(rewards)
+        self.assertAlmostEqual(scaled[0, 1].item(), 0.5 / (statistics.stdev([0.5, 1.0, 0.2]) + 1e-6), places=14)
+        self.assertEqual(scaled[1:].tolist(), [[0.0] * 3] * 2)
+
+    def test_gdpo_normalizes_each_reward_then_the_weighted_sum(self):
+        rewards = t([[[1.0, 0.0], [0.0, 0.0]]])  # one prompt, two samples, two rewards (the second constant)
+        z = 0.5 / (math.sqrt(0.5) + 1e-4)  # the first reward's z: +-z; the second's: 0
+        for weights, scale in ((None, 1.0), (t([2.0, 7.0]), 2.0)):
+            s = scale * z  # s = [s, -s], its unbiased std s * sqrt(2)
+            expected = [[s / (s * math.sqrt(2) + 1e-4), -s / (s * math.sqrt(2) + 1e-4)]]
+            torch.testing.assert_close(rl_lab.gdpo_advantages(rewards, weights), t(expected), rtol=0, atol=1e-14)
+        self.assertEqual(rl_lab.gdpo_advantages(t([[[1.0], [1.0]], [[0.0], [0.0]]])).tolist(), [[0.0, 0.0]] * 2)
+
+    def test_gpg_alpha_counts_nonzero_rewards_or_responses_of_untied_groups(self):
+        rewards = t([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+        by_reward = rl_lab.gpg_advantages(rewards)  # alpha = 8 / 6
+        torch.testing.assert_close(by_reward, t([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0.0] * 4]), rtol=0, atol=1e-15)
+        by_group = rl_lab.gpg_advantages(rewards, f_norm=2.0, alpha_count="group")  # alpha = 8 / 4, halved
+        self.assertEqual(by_group.tolist(), [[0.5, -0.5, -0.5, 0.5], [0.0] * 4])
+
+    def test_group_advantages_against_python_loops(self):
+        generator = torch.Generator().manual_seed(5)
+        rewards = torch.randint(0, 3, (6, 4), generator=generator).to(DTYPE) * 0.5
+        rewards[2] = 1.0  # a tied row
+        lengths = torch.randint(1, 9, (6, 4), generator=generator)
+        rows = rewards.tolist()
+        lens = lengths.tolist()
+        maxrl, opo, gpg, passk = [], [], [], []
+        for row, length in zip(rows, lens):
+            mean = sum(row) / 4
+            tied = len(set(row)) == 1
+            maxrl.append([0.0 if tied else (x - mean) / (mean + 1e-6) for x in row])
+            baseline = sum(w * x for w, x in zip(length, row)) / sum(length)
+            opo.append([0.0 if tied else x - baseline for x in row])
+            ranked = sorted(row, reverse=True)
+            best = row.index(ranked[0])
+            margin = (ranked[0] - ranked[1]) / (statistics.stdev(row) + 1e-6)
+            passk.append([margin if g == best else 0.0 for g in range(4)])
+        alpha = 24 / max(1, sum(x != 0 for row in rows for x in row))
+        for row in rows:
+            mean = sum(row) / 4
+            gpg.append([0.0 if len(set(row)) == 1 else alpha * (x - mean) for x in row])
+        centered = [[0.0 if len(set(row)) == 1 else x - sum(row) / 4 for x in row] for row in rows]
+        total = sum(sum(length) for length in lens)
+        mu = sum(w * c for cs, ws in zip(centered, lens) for c, w in zip(cs, ws)) / total
+        var = sum(w * (c - mu) ** 2 for cs, ws in zip(centered, lens) for c, w in zip(cs, ws)) / (total - 1)
+        baseline_pp = [[(c - mu) / math.sqrt(var + 1e-8) for c in cs] for cs in centered]
+        for name, actual, expected in (("maxrl", rl_lab.maxrl_advantages(rewards), maxrl),
+                                       ("opo", rl_lab.opo_advantages(rewards, lengths), opo),
+                                       ("passk", rl_lab.passk_advantages(rewards), passk),
+                                       ("gpg", rl_lab.gpg_advantages(rewards), gpg),
+                                       ("reinforce_pp_baseline",
+                                        rl_lab.reinforce_pp_baseline_advantages(rewards, lengths), baseline_pp)):
+            with self.subTest(atom=name):
+                torch.testing.assert_close(actual, t(expected), rtol=0, atol=1e-12)
+
+    def test_gdpo_and_reinforce_pp_against_python_loops(self):
+        generator = torch.Generator().manual_seed(6)
+        rewards = torch.rand(3, 4, 2, generator=generator, dtype=DTYPE)
+        weights = t([0.7, 1.3])
+        z = [[[0.0] * 2 for _ in range(4)] for _ in range(3)]
+        for b in range(3):
+            for k in range(2):
+                column = [rewards[b, g, k].item() for g in range(4)]
+                mean, std = sum(column) / 4, statistics.stdev(column)
+                for g in range(4):
+                    z[b][g][k] = (column[g] - mean) / (std + 1e-4)
+        s = [sum(w * value for w, value in zip((0.7, 1.3), z[b][g])) for b in range(3) for g in range(4)]
+        mean, std = sum(s) / 12, statistics.stdev(s)
+        expected = [[(s[4 * b + g] - mean) / (std + 1e-4) for g in range(4)] for b in range(3)]
+        torch.testing.assert_close(rl_lab.gdpo_advantages(rewards, weights), t(expected), rtol=0, atol=1e-12)
+
+        token_rewards = torch.randn(4, 5, generator=generator, dtype=DTYPE)
+        mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 0, 1, 1], [1, 0, 0, 0, 0]])
+        returns = [[0.0] * 5 for _ in range(4)]
+        for i in range(4):
+            running = 0.0
+            for j in reversed(range(5)):
+                if mask[i, j]:
+                    running = token_rewards[i, j].item() + 0.9 * running
+                    returns[i][j] = running
+        kept = [returns[i][j] for i, j in kept_positions(mask)]
+        mu = sum(kept) / len(kept)
+        std = math.sqrt(sum((x - mu) ** 2 for x in kept) / (len(kept) - 1) + 1e-8)
+        whitened = [[(returns[i][j] - mu) / std if mask[i, j] else 0.0 for j in range(5)] for i in range(4)]
+        advantages, actual_returns = rl_lab.reinforce_pp_advantages(token_rewards, mask, gamma=0.9)
+        torch.testing.assert_close(actual_returns, t(returns), rtol=0, atol=1e-12)
+        torch.testing.assert_close(advantages, t(whitened), rtol=0, atol=1e-12)
+
+    def test_detached_and_masked_rewards_do_not_matter(self):
+        rewards = t([[1.0, 0.0, 2.0], [0.5, 0.5, 1.0]], requires_grad=True)
+        lengths = torch.tensor([[1, 2, 3], [3, 2, 1]])
+        for name, call in (("maxrl", lambda: rl_lab.maxrl_advantages(rewards)),
+                           ("reinforce_pp_baseline", lambda: rl_lab.reinforce_pp_baseline_advantages(rewards, lengths)),
+                           ("opo", lambda: rl_lab.opo_advantages(rewards, lengths)),
+                           ("passk", lambda: rl_lab.passk_advantages(rewards)),
+                           ("gdpo", lambda: rl_lab.gdpo_advantages(rewards.unsqueeze(-1))),
+                           ("gpg", lambda: rl_lab.gpg_advantages(rewards)),
+                           ("reinforce_pp", lambda: rl_lab.reinforce_pp_advantages(rewards, torch.ones(2, 3))[0])):
+            with self.subTest(atom=name):
+                self.assertFalse(call().requires_grad)
+        mask = torch.tensor([[1, 1, 0], [1, 0, 1]])
+        clean = rl_lab.reinforce_pp_advantages(t([[1.0, 2.0, 0.0], [3.0, 0.0, 4.0]]), mask)
+        filled = rl_lab.reinforce_pp_advantages(t([[1.0, 2.0, -1e9], [3.0, 7e5, 4.0]]), mask)
+        self.assertEqual([x.tolist() for x in clean], [x.tolist() for x in filled])
+
+    def test_bad_arguments_name_the_argument(self):
+        r = t([[1.0, 0.0], [0.0, 1.0]])
+        lengths = torch.tensor([[1, 2], [3, 4]])
+        self.assert_names([
+            ("rewards", lambda: rl_lab.maxrl_advantages(t([[1.0], [0.0]]))),
+            ("rewards", lambda: rl_lab.maxrl_advantages(t([[1.0, -1.0]]))),
+            ("epsilon", lambda: rl_lab.maxrl_advantages(r, epsilon=0.0)),
+            ("lengths", lambda: rl_lab.reinforce_pp_baseline_advantages(r, torch.tensor([[0, 1], [1, 1]]))),
+            ("lengths", lambda: rl_lab.reinforce_pp_baseline_advantages(r, lengths.float())),
+            ("epsilon", lambda: rl_lab.reinforce_pp_baseline_advantages(r, epsilon=-1.0)),
+            ("token_rewards", lambda: rl_lab.reinforce_pp_advantages(t([1.0, 2.0]), torch.ones(2))),
+            ("completion_mask", lambda: rl_lab.reinforce_pp_advantages(r, torch.tensor([[1, 0], [0, 0]]))),
+            ("gamma", lambda: rl_lab.reinforce_pp_advantages(r, torch.ones(2, 2), gamma=1.5)),
+            ("lengths", lambda: rl_lab.opo_advantages(r, torch.tensor([[1, 2, 3]]))),
+            ("scale", lambda: rl_lab.passk_advantages(r, scale=1)),
+            ("epsilon", lambda: rl_lab.passk_advantages(r, epsilon=0)),
+            ("rewards", lambda: rl_lab.gdpo_advantages(r)),
+            ("reward_weights", lambda: rl_lab.gdpo_advantages(r.unsqueeze(-1), t([1.0, 2.0]))),
+            ("epsilon", lambda: rl_lab.gdpo_advantages(r.unsqueeze(-1), epsilon=0.0)),
+            ("f_norm", lambda: rl_lab.gpg_advantages(r, f_norm=0.0)),
+            ("alpha_count", lambda: rl_lab.gpg_advantages(r, alpha_count="batch")),
+        ])
+
+
+# name -> (atom, keyword arguments) of every second-wave token loss with the full P signature
+SECOND_WAVE_LOSSES = {
+    "dppo_tv": (rl_lab.dppo_policy_loss, {}),
+    "dppo_kl": (rl_lab.dppo_policy_loss, {"kind": "kl", "delta": 0.05, "delta_high": 0.1}),
+    "gmpo": (rl_lab.gmpo_policy_loss, {}),
+    "clip_cov": (rl_lab.clip_cov_policy_loss, {"fraction": 0.3, "cov_low": -0.2, "cov_high": 0.3}),
+    "kl_cov": (rl_lab.kl_cov_policy_loss, {"fraction": 0.2, "coef": 0.5}),
+    "dro": (rl_lab.dro_policy_loss, {"tau": 0.3}),
+    "topr": (rl_lab.topr_policy_loss, {}),
+    "cegppo": (rl_lab.cegppo_policy_loss, {"dual_clip": 3.0}),
+    "vespo": (rl_lab.vespo_policy_loss, {}),
+    "luspo": (rl_lab.luspo_policy_loss, {"epsilon": 0.2, "epsilon_high": 0.25}),
+}
+
+
+def call_loss(name, policy, old, ref, advantages, mask, **extra):
+    atom, kwargs = SECOND_WAVE_LOSSES[name]
+    if name == "clip_cov":
+        kwargs = {**kwargs, "generator": torch.Generator().manual_seed(3)}
+    return atom(policy, old, ref, advantages, mask, **kwargs, **extra)
+
+
+class SecondWaveLosses(SecondWaveCase):
+    def test_dppo_drops_a_token_whose_probability_moved_too_far_tv_and_kl(self):
+        # two one-token sequences, A = +1: q = 0.5 -> p = 0.8 (moved 0.3 > 0.2: dropped), -> p = 0.6 (kept)
+        old = t([[math.log(0.5)], [math.log(0.5)]])
+        for kind in ("tv", "kl"):  # binary KL: 0.223 > 0.2 (dropped) and 0.020 (kept)
+            with self.subTest(kind=kind):
+                policy = t([[math.log(0.8)], [math.log(0.6)]], requires_grad=True)
+                loss = rl_lab.dppo_policy_loss(policy, old, old, t([1.0, 1.0]), torch.ones(2, 1), kind=kind)
+                loss.backward()
+                self.assertAlmostEqual(loss.item(), -1.2 * math.log(0.6) / 2, places=14)  # weight r = 1.2
+                torch.testing.assert_close(policy.grad, t([[0.0], [-0.6]]), rtol=0, atol=1e-15)
+        # A < 0: a fall of 0.3 is dropped, a rise is always kept; the ratio weight is capped at 3
+        policy = t([[math.log(0.2)], [math.log(0.9)], [math.log(0.95)]], requires_grad=True)
+        old = t([[math.log(0.5)], [math.log(0.5)], [math.log(0.1)]])
+        loss = rl_lab.dppo_policy_loss(policy, old, old, t([-1.0, -1.0, 1.0]), torch.ones(3, 1), delta_high=1.0)
+        loss.backward()
+        expected = (0.0 + 1.8 * math.log(0.9) - 3.0 * math.log(0.95)) / 3  # weights 1.8 and min(9.5, 3)
+        self.assertAlmostEqual(loss.item(), expected, places=14)
+        torch.testing.assert_close(policy.grad, t([[0.0], [0.6], [-1.0]]), rtol=0, atol=1e-15)
+
+    def test_gmpo_clips_in_log_space_on_the_advantages_side(self):
+        mask = torch.ones(1, 2)
+        for advantage, log_s, grad in ((1.0, 0.25, [0.5, 0.0]), (-1.0, 0.35, [0.5, 0.5])):
+            with self.subTest(advantage=advantage):
+                policy = t([[0.1, 0.6]], requires_grad=True)  # l = 0.1, 0.6; epsilon 0.4 clips 0.6 to 0.4
+                loss = rl_lab.gmpo_policy_loss(policy, torch.zeros(1, 2, dtype=DTYPE), torch.zeros(1, 2, dtype=DTYPE),
+                                               t([advantage]), mask)
+                loss.backward()
+                self.assertAlmostEqual(loss.item(), -advantage * math.exp(log_s), places=14)
+                torch.testing.assert_close(policy.grad, -advantage * math.exp(log_s) * t([grad]), rtol=0, atol=1e-15)
+
+    def covariance_batch(self):
+        # two sequences, A = +1 and -1, log-probs -1 and -3: cov = A (logp + 2) = [[1, -1], [-1, 1]]
+        policy = t([[-1.0, -3.0], [-1.0, -3.0]], requires_grad=True)
+        return policy, t([1.0, -1.0]), torch.ones(2, 2)
+
+    def test_clip_cov_cuts_the_gradient_of_random_candidates_in_the_covariance_window(self):
+        policy, advantages, mask = self.covariance_batch()
+        loss = rl_lab.clip_cov_policy_loss(policy, policy.detach(), policy.detach(), advantages, mask, fraction=0.5,
+                                           cov_low=0.5, cov_high=1.5)  # candidates (0, 0), (1, 1); k = 2: both cut
+        loss.backward()
+        self.assertEqual(loss.item(), 0.0)  # -1, 1 left of -1, -1, 1, 1
+        self.assertEqual(policy.grad.tolist(), [[0.0, -0.25], [0.25, 0.0]])
+        generator = torch.Generator().manual_seed(4)
+        first = torch.randperm(2, generator=torch.Generator().manual_seed(4))[0].item()
+        policy.grad = None
+        loss = rl_lab.clip_cov_policy_loss(policy, policy.detach(), policy.detach(), advantages, mask, fraction=0.25,
+                                           cov_low=0.5, cov_high=1.5, generator=generator)  # k = 1
+        loss.backward()
+        cut = [(0, 0), (1, 1)][first]
+        expected = [[-0.25, -0.25], [0.25, 0.25]]
+        expected[cut[0]][cut[1]] = 0.0
+        self.assertEqual(policy.grad.tolist(), expected)
+
+    def test_kl_cov_penalizes_the_top_covariance_token_first_in_row_major_order_on_a_tie(self):
+        policy, advantages, mask = self.covariance_batch()
+        old = policy.detach() - 0.2  # ratio e^0.2 everywhere
+        loss = rl_lab.kl_cov_policy_loss(policy, old, old, advantages, mask, fraction=0.25, coef=0.1)
+        loss.backward()
+        self.assertAlmostEqual(loss.item(), 0.1 * 0.2 / 4, places=15)  # -r, -r, r, r and 0.1 * |0.2| on (0, 0)
+        r = math.exp(0.2)
+        torch.testing.assert_close(policy.grad, t([[-r + 0.1, -r], [r, r]]) / 4, rtol=0, atol=1e-15)
+
+    def test_dro_gpg_topr_hand_values_and_gradients(self):
+        policy = t([[-1.0]], requires_grad=True)
+        loss = rl_lab.dro_policy_loss(policy, t([[-1.5]]), t([[0.0]]), t([2.0]), torch.ones(1, 1), tau=0.5)
+        loss.backward()
+        self.assertEqual(loss.item(), 2.0625)  # -(2 * -1 - 0.25 * 0.25)
+        self.assertEqual(policy.grad.item(), -1.75)  # -(2 - 0.5 * 0.5)
+        policy = t([[-1.0, -2.0]], requires_grad=True)
+        loss = rl_lab.gpg_policy_loss(policy, t([[0.0, 0.0]]), t([0.5]), torch.ones(1, 2))
+        loss.backward()
+        self.assertEqual((loss.item(), policy.grad.tolist()), (0.75, [[-0.25, -0.25]]))
+        # TOPR: A >= 0 weight 1; A < 0 weight min(sequence ratio, 1): e^0.7 -> 1, e^-0.7 stays
+        policy = t([[-1.0, 0.0], [-1.0, -2.0], [-1.0, -2.0]], requires_grad=True)
+        old = policy.detach() - t([[0.5, 0.0], [0.3, 0.4], [-0.3, -0.4]])
+        mask = torch.tensor([[1, 0], [1, 1], [1, 1]])
+        loss = rl_lab.topr_policy_loss(policy, old, old, t([1.0, -1.0, -1.0]), mask)
+        loss.backward()
+        w = math.exp(-0.7)
+        self.assertAlmostEqual(loss.item(), (1.0 - 3.0 - 3.0 * w) / 6, places=14)  # constant: / (3 * 2)
+        torch.testing.assert_close(policy.grad, t([[-1.0, 0.0], [1.0, 1.0], [w, w]]) / 6, rtol=0, atol=1e-15)
+
+    def test_cegppo_clipped_tokens_keep_a_scaled_gradient(self):
+        # ratio 0.5 with A < 0 (below 1 - eps), 1.5 with A > 0 (above 1 + eps), 1.1 with A > 0 (inside)
+        policy = t([[math.log(0.5)], [math.log(1.5)], [math.log(1.1)]], requires_grad=True)
+        zeros = torch.zeros(3, 1, dtype=DTYPE)
+        loss = rl_lab.cegppo_policy_loss(policy, zeros, zeros, t([-1.0, 1.0, 1.0]), torch.ones(3, 1))
+        loss.backward()
+        self.assertAlmostEqual(loss.item(), (0.75 * 0.8 - 1.2 - 1.1) / 3, places=14)
+        torch.testing.assert_close(policy.grad, t([[0.6], [-1.2], [-1.1]]) / 3, rtol=0, atol=1e-15)
+        # PPO-Clip gives the first two no gradient at all
+        policy.grad = None
+        grpo_policy_loss(policy, zeros, zeros, t([-1.0, 1.0, 1.0]), torch.ones(3, 1), beta=0.0,
+                         reduction="token").backward()
+        torch.testing.assert_close(policy.grad, t([[0.0], [0.0], [-1.1]]) / 3, rtol=0, atol=1e-15)
+
+    def test_vespo_weight_is_w_to_the_k_times_exp_lambda_one_minus_w(self):
+        policy = t([[-1.0, -2.0]], requires_grad=True)
+        old = policy.detach() - math.log(2.0) / 2  # the sequence ratio w = 2
+        loss = rl_lab.vespo_policy_loss(policy, old, old, t([1.0]), torch.ones(1, 2))
+        loss.backward()
+        phi = 4.0 * math.exp(-3.0)  # k 2, lambda 3: 2^2 * e^(3 * (1 - 2))
+        self.assertAlmostEqual(loss.item(), -phi * -3.0 / 2, places=14)
+        torch.testing.assert_close(policy.grad, t([[-phi / 2, -phi / 2]]), rtol=0, atol=1e-15)
+        on_policy = rl_lab.vespo_policy_loss(policy, policy.detach(), old, t([-0.5]), torch.ones(1, 2))
+        self.assertAlmostEqual(on_policy.item(), 0.5 * -3.0 / 2, places=14)  # phi(1) = 1: REINFORCE
+
+    def test_luspo_gives_every_token_the_same_gradient_whatever_its_length(self):
+        policy = t([[-1.0, 0.0, 0.0], [-1.0, -2.0, -0.5]], requires_grad=True)
+        mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+        loss = rl_lab.luspo_policy_loss(policy, policy.detach(), policy.detach(), t([1.0, -1.0]), mask)
+        loss.backward()
+        self.assertEqual(loss.item(), 1.0)  # mean(1 * -1, 3 * +1)
+        self.assertEqual(policy.grad.tolist(), [[-0.5, 0.0, 0.0], [0.5, 0.5, 0.5]])
+        policy.grad = None  # GSPO weighs each sequence the same: its long sequence's tokens get a third
+        gspo_policy_loss(policy, policy.detach(), policy.detach(), t([1.0, -1.0]), mask).backward()
+        torch.testing.assert_close(policy.grad, t([[-0.5, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]]), rtol=0, atol=1e-15)
+
+    def test_every_loss_against_a_python_loop_on_ragged_batches(self):
+        for seed in (0, 1, 2):
+            policy, old, ref, adv, mask = ragged_batch(seed)
+            kept = kept_positions(mask)
+            n = mask.shape[0]
+            lengths = [int(mask[i].sum()) for i in range(n)]
+
+            def kl_term(i, j, beta):
+                return beta * k3_reference(policy[i, j], ref[i, j].item())
+
+            def dppo(kind, delta, delta_high, cap=3.0, beta=0.1):
+                terms = {}
+                for i, j in kept:
+                    lp, o, a = policy[i, j], old[i, j].item(), adv[i].item()
+                    p, q = math.exp(lp.item()), math.exp(o)
+                    if kind == "tv":
+                        keep = p - q <= delta_high if a > 0 else p - q >= -delta
+                    else:
+                        d = q * (o - lp.item()) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+                        keep = (d <= delta_high or p <= q) if a > 0 else (d <= delta or p >= q)
+                    terms[i, j] = -a * min(math.exp(lp.item() - o), cap) * lp * float(keep) + kl_term(i, j, beta)
+                return reduce_reference(terms, mask, "token")
+
+            def gmpo(epsilon=0.4, beta=0.1):
+                total = 0.0
+                for i in range(n):
+                    a, sign = adv[i].item(), math.copysign(1.0, adv[i].item()) if adv[i].item() != 0 else 0.0
+                    logs, kls = 0.0, 0.0
+                    for j in range(mask.shape[1]):
+                        if mask[i, j]:
+                            lr = policy[i, j] - old[i, j].item()
+                            clamped = min(max(lr.item(), -epsilon), epsilon)
+                            logs = logs + (lr if sign * lr.item() <= sign * clamped else lr * 0 + clamped)
+                            kls = kls + kl_term(i, j, beta)
+                    total = total + (-a * torch.exp(logs / lengths[i]) + kls / lengths[i])
+                return total / n
+
+            def dro(tau=0.3, beta=0.1):
+                terms = {}
+                for i, j in kept:
+                    logratio = policy[i, j] - old[i, j].item()
+                    terms[i, j] = -(adv[i].item() * policy[i, j] - tau / 2 * logratio ** 2) + kl_term(i, j, beta)
+                return reduce_reference(terms, mask, "token")
+
+            def topr(beta=0.1):
+                weights = [1.0 if adv[i].item() >= 0 else
+                           min(math.exp(sum(policy[i, j].item() - old[i, j].item() for j in range(mask.shape[1])
+                                            if mask[i, j])), 1.0) for i in range(n)]
+                return reduce_reference({(i, j): -weights[i] * adv[i].item() * policy[i, j] + kl_term(i, j, beta)
+                                         for i, j in kept}, mask, "constant")
+
+            def cegppo(epsilon=0.2, beta1=0.75, beta2=1.0, c=3.0, beta=0.1):
+                terms = {}
+                for i, j in kept:
+                    lr, a = policy[i, j] - old[i, j].item(), adv[i].item()
+                    r, unit = torch.exp(lr), torch.exp(lr - lr.item())
+                    if r.item() < 1 - epsilon and a < 0:
+                        term = -beta1 * (1 - epsilon) * unit * a
+                    elif r.item() > 1 + epsilon and a > 0:
+                        term = -beta2 * (1 + epsilon) * unit * a
+                    else:
+                        term = -r * a
+                    if a < 0 and term.item() > -c * a:
+                        term = term * 0 - c * a
+                    terms[i, j] = term + kl_term(i, j, beta)
+                return reduce_reference(terms, mask, "token")
+
+            def vespo(beta=0.1):
+                terms = {}
+                for i in range(n):
+                    log_w = sum(min(max(policy[i, j].item() - old[i, j].item(), -20), 20)
+                                for j in range(mask.shape[1]) if mask[i, j])
+                    log_w = min(max(log_w, math.log(1e-8)), 20)
+                    k, lam = (2.0, 3.0) if adv[i].item() >= 0 else (3.0, 2.0)
+                    phi = math.exp(lam + k * log_w - lam * math.exp(log_w))
+                    for j in range(mask.shape[1]):
+                        if mask[i, j]:
+                            terms[i, j] = -phi * adv[i].item() * policy[i, j] + kl_term(i, j, beta)
+                return reduce_reference(terms, mask, "token")
+
+            def luspo(epsilon=0.2, epsilon_high=0.25, beta=0.1):
+                total = 0.0
+                for i in range(n):
+                    row = [j for j in range(mask.shape[1]) if mask[i, j]]
+                    s = torch.exp(sum(policy[i, j] - old[i, j].item() for j in row) / len(row))
+                    a = adv[i].item()
+                    clipped = min(max(s.item(), 1 - epsilon), 1 + epsilon_high)
+                    surrogate = s * a if s.item() * a <= clipped * a else s * 0 + clipped * a
+                    total = total + len(row) * -surrogate + sum(kl_term(i, j, beta) for j in row)
+                return total / n
+
+            references = {"dppo_tv": lambda: dppo("tv", 0.2, 0.2), "dppo_kl": lambda: dppo("kl", 0.05, 0.1),
+                          "gmpo": gmpo, "dro": dro, "topr": topr, "cegppo": cegppo, "vespo": vespo, "luspo": luspo}
+            for name, reference in references.items():
+                with self.subTest(seed=seed, loss=name):
+                    atom, kwargs = SECOND_WAVE_LOSSES[name]
+                    self.assert_value_and_gradient(atom, reference, policy, old, ref, adv, mask, **kwargs, beta=0.1)
+            with self.subTest(seed=seed, loss="gpg"):
+                self.assert_value_and_gradient(
+                    rl_lab.gpg_policy_loss, lambda: reduce_reference(
+                        {(i, j): -adv[i].item() * policy[i, j] + kl_term(i, j, 0.1) for i, j in kept}, mask,
+                        "sequence"),
+                    policy, ref, adv, mask, beta=0.1, reduction="sequence")
+
+    def test_covariance_losses_against_a_python_loop_on_ragged_batches(self):
+        for seed in (0, 1, 2):
+            policy, old, ref, adv, mask = ragged_batch(seed)
+            kept = kept_positions(mask)
+            mean_a = sum(adv[i].item() for i, _ in kept) / len(kept)
+            mean_l = sum(policy[i, j].item() for i, j in kept) / len(kept)
+            cov = {(i, j): (adv[i].item() - mean_a) * (policy[i, j].item() - mean_l) for i, j in kept}
+            k = max(1, int(0.2 * len(kept)))
+            top = sorted(kept, key=lambda position: -cov[position])[:k]  # sorted() is stable: row-major ties
+
+            def kl_cov():
+                return reduce_reference({(i, j): -adv[i].item() * torch.exp(policy[i, j] - old[i, j].item())
+                                         + (0.5 * abs(policy[i, j] - old[i, j].item()) if (i, j) in top else 0.0)
+                                         for i, j in kept}, mask, "token")
+
+            def clip_cov():
+                terms, candidates = {}, []
+                for i, j in kept:
+                    a, r = adv[i].item(), torch.exp(policy[i, j] - old[i, j].item())
+                    clipped_ratio = min(max(r.item(), 0.8), 1.2)
+                    clipped = -a * clipped_ratio > -a * r.item()
+                    terms[i, j] = r * 0 - a * clipped_ratio if clipped else -a * r
+                    if not clipped and -0.2 < cov[i, j] < 0.3:
+                        candidates.append((i, j))
+                if candidates:
+                    draw = torch.randperm(len(candidates), generator=torch.Generator().manual_seed(3))
+                    for index in draw[:max(1, int(0.3 * len(kept)))].tolist():
+                        terms[candidates[index]] = terms[candidates[index]] * 0
+                return reduce_reference(terms, mask, "token")
+
+            for name, reference in (("kl_cov", kl_cov), ("clip_cov", clip_cov)):
+                with self.subTest(seed=seed, loss=name):
+                    atom, kwargs = SECOND_WAVE_LOSSES[name]
+                    if name == "clip_cov":
+                        kwargs = {**kwargs, "generator": torch.Generator().manual_seed(3)}
+                    self.assert_value_and_gradient(atom, reference, policy, old, ref, adv, mask, **kwargs)
+
+    def test_masked_positions_give_zero_value_and_gradient_whatever_they_hold(self):
+        policy, old, ref, adv, mask = ragged_batch(7)
+        zero = mask == 0
+        fills = [(-1e9, 1e9, -800.0), (900.0, -1e9, 750.0)]
+        weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(1), dtype=DTYPE) + 0.5
+        for name in list(SECOND_WAVE_LOSSES) + ["gpg"]:
+            with self.subTest(loss=name):
+                results = []
+                for fill_policy, fill_old, fill_ref in [(0.0, 0.0, 0.0)] + fills:
+                    p = policy.detach().masked_fill(zero, fill_policy).requires_grad_(True)
+                    o, r = old.masked_fill(zero, fill_old), ref.masked_fill(zero, fill_ref)
+                    extra = {} if name in ("gmpo", "luspo", "vespo") else {"importance_weights": weights}
+                    if name == "gpg":
+                        loss = rl_lab.gpg_policy_loss(p, r, adv, mask, beta=0.1, **extra)
+                    else:
+                        loss = call_loss(name, p, o, r, adv, mask, beta=0.1, **extra)
+                    (grad,) = torch.autograd.grad(loss, p)
+                    results.append((loss.item(), grad.tolist()))
+                for result in results[1:]:
+                    self.assertEqual(result, results[0])
+                masked_grad = torch.tensor(results[0][1])[zero]
+                self.assertEqual(masked_grad.tolist(), [0.0] * int(zero.sum()))
+
+    def test_old_reference_and_advantages_receive_no_gradient(self):
+        policy, old, ref, adv, mask = ragged_batch(8)
+        for name in list(SECOND_WAVE_LOSSES) + ["gpg"]:
+            with self.subTest(loss=name):
+                o, r, a = (x.clone().requires_grad_(True) for x in (old, ref, adv))
+                if name == "gpg":
+                    loss = rl_lab.gpg_policy_loss(policy, r, a, mask, beta=0.1)
+                else:
+                    loss = call_loss(name, policy, o, r, a, mask, beta=0.1)
+                loss.backward()
+                self.assertEqual((o.grad, r.grad, a.grad), (None, None, None))
+                self.assertGreater(policy.grad.abs().sum().item(), 0.0)
+                policy.grad = None
+
+    def test_bad_arguments_name_the_argument(self):
+        m = t([[-1.0, -2.0]])
+        ones, a = torch.ones(1, 2), t([1.0])
+        P = (m, m, m, a, ones)
+        self.assert_names([
+            ("policy_logps", lambda: rl_lab.dppo_policy_loss(t([-1.0]), m, m, a, ones)),
+            ("old_logps", lambda: rl_lab.dppo_policy_loss(m, t([[float("nan"), 0.0]]), m, a, ones)),
+            ("advantages", lambda: rl_lab.dppo_policy_loss(m, m, m, t([1.0, 2.0]), ones)),
+            ("completion_mask", lambda: rl_lab.dppo_policy_loss(m, m, m, a, torch.full((1, 2), 2.0))),
+            ("kind", lambda: rl_lab.dppo_policy_loss(*P, kind="js")),
+            ("delta", lambda: rl_lab.dppo_policy_loss(*P, delta=0.0)),
+            ("delta_high", lambda: rl_lab.dppo_policy_loss(*P, delta_high=-1.0)),
+            ("cap", lambda: rl_lab.dppo_policy_loss(*P, cap=0)),
+            ("beta", lambda: rl_lab.dppo_policy_loss(*P, beta=-0.1)),
+            ("reduction", lambda: rl_lab.dppo_policy_loss(*P, reduction="mean")),
+            ("kl_estimator", lambda: rl_lab.dppo_policy_loss(*P, kl_estimator=rl_lab.kl_straight_through)),
+            ("importance_weights", lambda: rl_lab.dppo_policy_loss(*P, importance_weights=t([[-1.0, 1.0]]))),
+            ("importance_weights", lambda: rl_lab.dppo_policy_loss(*P, importance_weights=t([[1.0]]))),
+            ("epsilon", lambda: rl_lab.gmpo_policy_loss(*P, epsilon=0.0)),
+            ("epsilon_high", lambda: rl_lab.gmpo_policy_loss(*P, epsilon_high=True)),
+            ("epsilon", lambda: rl_lab.clip_cov_policy_loss(*P, epsilon=1.0)),
+            ("fraction", lambda: rl_lab.clip_cov_policy_loss(*P, fraction=0.0)),
+            ("cov_high", lambda: rl_lab.clip_cov_policy_loss(*P, cov_low=2.0, cov_high=2.0)),
+            ("generator", lambda: rl_lab.clip_cov_policy_loss(*P, generator=3)),
+            ("fraction", lambda: rl_lab.kl_cov_policy_loss(*P, fraction=1.5)),
+            ("coef", lambda: rl_lab.kl_cov_policy_loss(*P, coef=-1.0)),
+            ("tau", lambda: rl_lab.dro_policy_loss(*P, tau=None)),
+            ("tau", lambda: rl_lab.dro_policy_loss(*P, tau=0.0)),
+            ("ref_logps", lambda: rl_lab.gpg_policy_loss(m, t([[0.0]]), a, ones)),
+            ("max_new_tokens", lambda: rl_lab.topr_policy_loss(*P, max_new_tokens=1)),
+            ("beta1", lambda: rl_lab.cegppo_policy_loss(*P, beta1=-0.5)),
+            ("dual_clip", lambda: rl_lab.cegppo_policy_loss(*P, dual_clip=1.0)),
+            ("k_pos", lambda: rl_lab.vespo_policy_loss(*P, k_pos=-1.0)),
+            ("lambda_neg", lambda: rl_lab.vespo_policy_loss(*P, lambda_neg="2")),
+            ("epsilon_high", lambda: rl_lab.luspo_policy_loss(*P, epsilon_high=-1e-4)),
+        ])
+        with self.assertRaises(TypeError):  # tau has no default: DRO's anchor strength must be chosen
+            rl_lab.dro_policy_loss(*P)
+        with self.assertRaises(TypeError):  # VESPO's weight replaces the importance weight
+            rl_lab.vespo_policy_loss(*P, importance_weights=ones)
+
+
+class SecondWaveCorrections(SecondWaveCase):
+    def test_rollout_correction_weights_token_and_sequence_truncate_and_mask(self):
+        old = t([[math.log(3.0), math.log(0.5), 0.0, 5.0]])
+        rollout = torch.zeros(1, 4, dtype=DTYPE)
+        mask = torch.tensor([[1, 1, 1, 0]])
+        weights = rl_lab.rollout_correction_weights
+        self.assertEqual(weights(old, rollout, mask).tolist(), [[2.0, 0.5, 1.0, 0.0]])
+        torch.testing.assert_close(weights(old, rollout, mask, level="sequence"), t([[1.5, 1.5, 1.5, 0.0]]),
+                                   rtol=0, atol=1e-15)
+        self.assertEqual(weights(old, rollout, mask, mode="mask", low=0.6).tolist(), [[0.0, 0.0, 1.0, 0.0]])
+        self.assertEqual(weights(old, rollout, mask, low=0.6).tolist()[0][1:], [0.6, 1.0, 0.0])
+        self.assertAlmostEqual(weights(old, rollout, mask, mode="mask", high=None, low=0.6)[0, 0].item(), 3.0,
+                               places=15)
+        torch.testing.assert_close(weights(old, rollout, mask, level="sequence", mode="mask", low=0.5, high=1.4),
+                                   torch.zeros(1, 4, dtype=DTYPE), rtol=0, atol=0)  # 1.5 > 1.4: all dropped
+
+    def test_rollout_correction_weights_against_a_loop_detached_and_filler_free(self):
+        _, old, rollout, _, mask = ragged_batch(4, spread=0.8)
+        for level in ("token", "sequence"):
+            for mode, low, high in (("truncate", None, 2.0), ("truncate", 0.5, 1.5), ("mask", 0.7, 1.6)):
+                expected = [[0.0] * mask.shape[1] for _ in range(mask.shape[0])]
+                for i, j in kept_positions(mask):
+                    d = (old[i, j] - rollout[i, j]).item() if level == "token" else sum(
+                        (old[i, k] - rollout[i, k]).item() for k in range(mask.shape[1]) if mask[i, k])
+                    w = math.exp(d)
+                    if mode == "truncate":
+                        expected[i][j] = min(max(w, low if low is not None else -math.inf), high)
+                    else:
+                        expected[i][j] = w if low <= w <= high else 0.0
+                with self.subTest(level=level, mode=mode):
+                    filled = old.masked_fill(mask == 0, 1e9).requires_grad_(True)
+                    actual = rl_lab.rollout_correction_weights(filled, rollout, mask, level, mode, low, high)
+                    self.assertFalse(actual.requires_grad)
+                    torch.testing.assert_close(actual, t(expected), rtol=0, atol=1e-12)
+
+    def test_off_policy_sequence_mask_drops_only_drifted_negative_sequences(self):
+        policy = torch.zeros(3, 2, dtype=DTYPE)
+        sampling = t([[0.5, 0.5], [0.1, 7.0], [2.0, 2.0]])
+        mask = torch.tensor([[1, 1], [1, 0], [1, 1]])
+        keep = rl_lab.off_policy_sequence_mask(policy, sampling, t([-1.0, -1.0, 1.0]), mask, 0.3)
+        self.assertEqual(keep.tolist(), [False, True, True])  # gaps 0.5, 0.1, 2.0 (the last has A > 0)
+
+    def test_off_policy_sequence_mask_against_a_loop(self):
+        policy, sampling, _, adv, mask = ragged_batch(9)
+        for threshold in (0.0, 0.05, 0.2):
+            expected = []
+            for i in range(mask.shape[0]):
+                row = [j for j in range(mask.shape[1]) if mask[i, j]]
+                gap = sum(sampling[i, j].item() - policy[i, j].item() for j in row) / len(row)
+                expected.append(adv[i].item() >= 0 or gap <= threshold)
+            self.assertEqual(rl_lab.off_policy_sequence_mask(policy, sampling, adv, mask, threshold).tolist(), expected)
+
+    def test_m2po_drops_the_fewest_largest_until_the_mean_is_below_the_threshold(self):
+        behavior = torch.zeros(1, 5, dtype=DTYPE)
+        policy = t([[0.3, 0.1, 0.2, 0.0, 9.0]])  # M2 = 0.09, 0.01, 0.04, 0 on the kept four
+        mask = torch.tensor([[1, 1, 1, 1, 0]])
+        cases = ((0.04, [True, True, True, True]), (0.03, [False, True, True, True]),
+                 (0.001, [False, False, False, True]))
+        for threshold, expected in cases:
+            with self.subTest(threshold=threshold):
+                self.assertEqual(rl_lab.m2po_mask(policy, behavior, mask, threshold).tolist(), [expected + [False]])
+        positive = t([[0.3, 0.1, 0.2, 0.15, 0.0]])  # no suffix mean below 1e-4: keep only the smallest (0.1)
+        self.assertEqual(rl_lab.m2po_mask(positive, behavior, mask, 1e-4).tolist(),
+                         [[False, True, False, False, False]])
+
+    def test_m2po_against_a_loop(self):
+        policy, behavior, _, _, mask = ragged_batch(10, spread=0.3)
+        kept = kept_positions(mask)
+        values = {p: (policy[p].item() - behavior[p].item()) ** 2 for p in kept}
+        ranked = sorted(kept, key=lambda p: -values[p])  # stable: row-major among ties
+        for threshold in (0.2, 0.05, 0.01):
+            dropped = len(ranked) - 1
+            for j in range(len(ranked)):
+                rest = [values[p] for p in ranked[j:]]
+                if sum(rest) / len(rest) < threshold:
+                    dropped = j
+                    break
+            expected = [[(i, j) in ranked[dropped:] for j in range(mask.shape[1])] for i in range(mask.shape[0])]
+            with self.subTest(threshold=threshold):
+                self.assertEqual(rl_lab.m2po_mask(policy, behavior, mask, threshold).tolist(), expected)
+
+    def test_bad_arguments_name_the_argument(self):
+        m, ones = t([[-1.0, -2.0]]), torch.ones(1, 2)
+        self.assert_names([
+            ("rollout_logps", lambda: rl_lab.rollout_correction_weights(m, t([[1.0]]), ones)),
+            ("level", lambda: rl_lab.rollout_correction_weights(m, m, ones, level="batch")),
+            ("mode", lambda: rl_lab.rollout_correction_weights(m, m, ones, mode="clip")),
+            ("high", lambda: rl_lab.rollout_correction_weights(m, m, ones, low=3.0, high=2.0)),
+            ("high", lambda: rl_lab.rollout_correction_weights(m, m, ones, mode="mask", high=None)),
+            ("low", lambda: rl_lab.rollout_correction_weights(m, m, ones, low=0.0)),
+            ("threshold", lambda: rl_lab.off_policy_sequence_mask(m, m, t([1.0]), ones, -0.1)),
+            ("threshold", lambda: rl_lab.off_policy_sequence_mask(m, m, t([1.0]), ones, None)),
+            ("advantages", lambda: rl_lab.off_policy_sequence_mask(m, m, t([1.0, 1.0]), ones, 0.1)),
+            ("threshold", lambda: rl_lab.m2po_mask(m, m, ones, 0.0)),
+            ("behavior_logps", lambda: rl_lab.m2po_mask(m, m.float(), ones)),
+        ])
+
+
+class SecondWaveKL(SecondWaveCase):
+    def test_k3_is_corrected_value_and_its_gradient_on_and_off_policy(self):
+        policy = t([-1.0, -2.0], requires_grad=True)
+        ref = t([-1.5, -1.0])
+        value = rl_lab.kl_k3_is_corrected(policy, policy.detach(), ref)
+        self.assertEqual(value.tolist(), kl_k3(policy, ref).tolist())  # ratio exactly 1
+        value.sum().backward()
+        torch.testing.assert_close(policy.grad, t([0.5, -1.0]), rtol=0, atol=1e-15)  # k2's: policy - ref
+        old = t([-1.2, -2.0])
+        policy = t([-1.0], requires_grad=True)
+        value = rl_lab.kl_k3_is_corrected(policy, old[:1], ref[:1])
+        k3 = math.exp(-0.5) + 0.5 - 1
+        self.assertAlmostEqual(value.item(), math.exp(0.2) * k3, places=15)
+        value.backward()  # d/dp e^(p - o) k3 = e^(p - o) (k3 + 1 - e^(ref - p))
+        self.assertAlmostEqual(policy.grad.item(), math.exp(0.2) * (k3 + 1 - math.exp(-0.5)), places=15)
+
+    def test_straight_through_value_is_k3_or_k1_bit_for_bit_and_its_gradient_k2s(self):
+        generator = torch.Generator().manual_seed(12)
+        policy = torch.randn(7, generator=generator, dtype=DTYPE).requires_grad_(True)
+        ref = torch.randn(7, generator=generator, dtype=DTYPE)
+        for kind, exact in (("k3+", kl_k3), ("k1+", kl_k1)):
+            with self.subTest(kind=kind):
+                value = rl_lab.kl_straight_through(policy, ref, kind)
+                self.assertEqual(value.tolist(), exact(policy, ref).tolist())
+                (grad,) = torch.autograd.grad(value.sum(), policy)
+                self.assertEqual(grad.tolist(), (policy - ref).detach().tolist())
+
+    def test_reference_and_old_receive_no_gradient_and_bad_arguments_are_named(self):
+        policy = t([-1.0, -2.0], requires_grad=True)
+        old, ref = t([-1.1, -2.1], requires_grad=True), t([-1.5, -1.0], requires_grad=True)
+        (rl_lab.kl_k3_is_corrected(policy, old, ref).sum() + rl_lab.kl_straight_through(policy, ref).sum()).backward()
+        self.assertEqual((old.grad, ref.grad), (None, None))
+        x = t([-1.0, -2.0])
+        self.assert_names([
+            ("old_logps", lambda: rl_lab.kl_k3_is_corrected(x, t([1.0]), x)),
+            ("ref_logps", lambda: rl_lab.kl_k3_is_corrected(x, x, x.float())),
+            ("kind", lambda: rl_lab.kl_straight_through(x, x, "k2+")),
+            ("policy_logps", lambda: rl_lab.kl_straight_through([1.0], x)),
+        ])
+
+
+class SecondWaveEntropy(SecondWaveCase):
+    def test_token_entropy_hand_values_and_a_loop(self):
+        logits = t([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1e4, -1e4]])
+        torch.testing.assert_close(rl_lab.token_entropy(logits), t([math.log(4), math.log(2)]), rtol=0, atol=1e-15)
+        logits = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(13), dtype=DTYPE)
+        expected = []
+        for row in logits.reshape(-1, 5).tolist():
+            norm = math.log(sum(math.exp(v) for v in row))
+            expected.append(-sum(math.exp(v - norm) * (v - norm) for v in row))
+        torch.testing.assert_close(rl_lab.token_entropy(logits), t(expected).reshape(3, 4), rtol=0, atol=1e-12)
+
+    def test_entropy_bonus_is_minus_coef_times_the_token_mean_and_ignores_padding(self):
+        entropies = t([[1.0, 2.0, 9.0], [3.0, 0.0, 0.0]], requires_grad=True)
+        mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        bonus = rl_lab.entropy_bonus(entropies, mask, 0.1)
+        bonus.backward()
+        self.assertAlmostEqual(bonus.item(), -0.2, places=15)  # -0.1 * (1 + 2 + 3) / 3
+        torch.testing.assert_close(entropies.grad, t([[-1.0, -1.0, 0.0], [-1.0, 0.0, 0.0]]) / 30, rtol=0, atol=1e-15)
+        filled = rl_lab.entropy_bonus(t([[1.0, 2.0, -7e8], [3.0, 5.0, 1e9]]), mask, 0.1)
+        self.assertEqual(filled.item(), bonus.item())
+        per_answer = rl_lab.entropy_bonus(entropies, mask, 0.1, reduction="sequence")
+        self.assertAlmostEqual(per_answer.item(), -0.1 * (1.5 + 3.0) / 2, places=15)
+
+    def test_adaptive_entropy_coef_steps_toward_the_target_within_its_bounds(self):
+        step = rl_lab.adaptive_entropy_coef
+        self.assertEqual(step(0.1, 0.1), 0.1 + 0.005)  # entropy below the target: raise the coefficient
+        self.assertEqual(step(0.1, 0.2), 0.1 + 0.005)  # at the target: raise
+        self.assertEqual(step(0.1, 0.3), 0.1 - 0.005)
+        self.assertEqual(step(0.999, 0.0, delta=0.01), 1.0)  # capped at coef_max
+        self.assertEqual(step(0.002, 1.0), 0.0)  # floored at coef_min
+        self.assertIsInstance(step(0, 1), float)
+
+    def test_high_entropy_mask_keeps_the_top_quantile_of_kept_tokens(self):
+        entropies = t([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, -50.0, 0.0]])
+        mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])  # kept 1 2 3 4 5: the 0.6 quantile is 3.4
+        self.assertEqual(rl_lab.high_entropy_token_mask(entropies, mask, 0.4).tolist(),
+                         [[False, False, False, False], [True, True, False, False]])
+        self.assertEqual(rl_lab.high_entropy_token_mask(entropies, mask, 0.0).tolist(),
+                         [[False, False, False, False], [False, True, False, False]])
+        self.assertEqual(rl_lab.high_entropy_token_mask(entropies, mask).tolist(), mask.bool().tolist())
+
+    def test_high_entropy_mask_against_a_loop(self):
+        entropies = torch.rand(5, 6, generator=torch.Generator().manual_seed(14), dtype=DTYPE) * 3
+        _, _, _, _, mask = ragged_batch(14)
+        values = sorted(entropies[p].item() for p in kept_positions(mask))
+        for top in (0.2, 0.5, 0.9):
+            position = (1 - top) * (len(values) - 1)  # linear interpolation between order statistics
+            low = math.floor(position)
+            threshold = values[low] + (position - low) * (values[min(low + 1, len(values) - 1)] - values[low])
+            expected = [[bool(mask[i, j]) and entropies[i, j].item() >= threshold for j in range(6)] for i in range(5)]
+            with self.subTest(top_quantile=top):
+                self.assertEqual(rl_lab.high_entropy_token_mask(entropies, mask, top).tolist(), expected)
+
+    def test_bad_arguments_name_the_argument(self):
+        h, ones = t([[1.0, 2.0]]), torch.ones(1, 2)
+        self.assert_names([
+            ("logits", lambda: rl_lab.token_entropy(t(1.0))),
+            ("logits", lambda: rl_lab.token_entropy(torch.tensor([[1, 2]]))),
+            ("entropies", lambda: rl_lab.entropy_bonus(t([1.0, 2.0]), ones, 0.1)),
+            ("coef", lambda: rl_lab.entropy_bonus(h, ones, -0.1)),
+            ("reduction", lambda: rl_lab.entropy_bonus(h, ones, 0.1, reduction="mean")),
+            ("coef", lambda: rl_lab.adaptive_entropy_coef(-0.1, 0.2)),
+            ("entropy", lambda: rl_lab.adaptive_entropy_coef(0.1, h)),
+            ("delta", lambda: rl_lab.adaptive_entropy_coef(0.1, 0.2, delta=-1.0)),
+            ("coef_max", lambda: rl_lab.adaptive_entropy_coef(0.1, 0.2, coef_min=0.5, coef_max=0.4)),
+            ("top_quantile", lambda: rl_lab.high_entropy_token_mask(h, ones, 1.5)),
+            ("completion_mask", lambda: rl_lab.high_entropy_token_mask(h, torch.zeros(1, 2))),
+        ])
 
 
 # ---------------------------------------------------------------------------------------------
