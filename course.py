@@ -1008,6 +1008,12 @@ def chapter_10():
         "estimator": {"samples": n, "correct": PASSK_CORRECT, "k": list(range(1, n + 1)),
                       "unbiased": {str(c): values for c, values in estimator.items()},
                       "naive": {str(c): values for c, values in naive.items()}},
+        # at k = n the unbiased estimator is each prompt's 0/1 "any of its n samples correct": its noise is
+        # that of a share over the evaluation's prompts, sqrt(p (1 - p) / prompts)
+        "pass_at_n": {when: {"k": ks[-1], "value": evaluation[when][keys[-1]],
+                             "standard_error": math.sqrt(evaluation[when][keys[-1]] * (1 - evaluation[when][keys[-1]])
+                                                         / evaluation[when]["prompts"])}
+                      for when in ("before", "after")} if ks[-1] == evaluation["before"]["samples"] else None,
         "narrowing": {"samples": n, "before": NARROWING_BEFORE, "after": NARROWING_AFTER,
                       "rows": [{"k": k, "before": _pass_at_k_of_prompts(NARROWING_BEFORE, n, k),
                                 "after": _pass_at_k_of_prompts(NARROWING_AFTER, n, k)} for k in PASSK_QUOTED_K]},

@@ -621,6 +621,17 @@ class TheWholeLoop(RoundedValues):
     def setUp(self):
         self.report = fresh_report("10-the-whole-loop")
 
+    def test_pass_at_n_is_a_share_of_the_prompts_with_its_binomial_standard_error(self):
+        prompts = self.report["evaluation_prompts"]
+        for when in ("before", "after"):
+            quoted = self.report["pass_at_n"][when]
+            self.assertEqual(quoted["k"], self.report["evaluation_samples"])
+            solved = quoted["value"] * prompts  # at k = n each prompt counts 0 or 1
+            self.assertAlmostEqual(solved, round(solved), places=8)
+            p = round(solved) / prompts
+            self.assertAlmostEqual(quoted["standard_error"], math.sqrt(p * (1 - p) / prompts), places=10)
+        self.assertEqual(self.report["pass_at_n"]["before"]["standard_error"], 0.0)  # all 106 solved
+
     def test_the_report_quotes_the_committed_run(self):
         with open(os.path.join(course.HERE, self.report["run"]), encoding="utf-8") as handle:
             evaluation = json.load(handle)["evaluation"]
