@@ -8,11 +8,12 @@ plotter uses it too.
   folder where a file goes, a link, device or pipe where a file goes, a name or a path too long, a
   folder without write permission, another user's file in a sticky folder. Nothing is left by a check.
 - `write_files`: a run's files are written all or nothing. They are staged in one fresh folder,
-  `.rl-lab-tmp-<pid>-<hex>`, inside the nearest existing folder of the output, then published by
-  renames: a new folder with one rename, each file of an existing folder by one rename whose previous
-  version stays in the stage until every rename is done. Any failure puts every previous file back and
-  removes the stage; a run killed in between (SIGKILL) is undone by the next write there. Runs into one
-  output wait for each other (a lock on the folder); a file the run does not write is never touched.
+  `.rl-lab-tmp-<pid>-<token>`, inside the nearest existing folder of the output, then published by
+  renames: a new folder with one rename, each file of an existing folder by one rename. A failure puts
+  every previous file back and removes the stage. Runs into one output wait for each other (a lock on
+  the folder); a file the run does not write is never touched. A SIGKILL can leave only the stage (and,
+  in the middle of the renames, a folder with some files new): a later write there removes that stage,
+  recognised by its dead pid and its token, and nothing else.
 - `HeldSignals`: Ctrl-C, SIGTERM and SIGHUP wait until a block ends (the writes use it).
 - `run_cli`: runs a program's main() as a process: every failure ends with one line on stderr and
   a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM, out
@@ -22,9 +23,11 @@ plotter uses it too.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
@@ -44,8 +47,7 @@ except ImportError:  # pragma: no cover - Windows
 from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
 
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
-_TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-[0-9a-f]{12}\Z")
-_JOURNAL = "publishing.json"  # in a stage: the entries being published; removed once all of them are
+_TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-([0-9a-f]{12})\Z")  # a stage: <pid>-<token>
 # the longest a stage adds to a target's path: "/.rl-lab-tmp-<pid up to 10 digits>-<12 hex>/new"
 STAGE_OVERHEAD = len("/" + TEMPORARY_PREFIX) + 10 + 1 + 12 + len("/new")
 _INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
@@ -55,6 +57,7 @@ _STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 TRACEBACK_VARIABLE = "RL_LAB_TRACEBACK"
+_FULL_STREAM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # print() failing: the stream's device
 
 
 class WriteFailed(OSError):
@@ -144,16 +147,25 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 # ---------------------------------------------------------------------------------------------
 # Python runs a signal's handler in the main thread, whichever thread the kernel delivered it to (torch
 # starts threads of its own), so the handler itself decides: raise now, or, inside a HeldSignals
-# block of the main thread, remember the signal and raise it when the block ends.
+# block of the main thread, remember the signal and raise it when the block ends. Only the first stop
+# signal counts: a second one while the first is handled, or any after main() has ended, changes nothing.
+# Where Python drops an exception (a weakref callback such as the import lock's, run while torch imports
+# lazily; a __del__), the stop is sent again from a thread, to be raised once the callback has returned.
 
 _held = threading.local()  # .depth: HeldSignals blocks open in this thread; .pending: the signal waiting
 _program_pid = os.getpid()  # the process whose run_cli installed the handlers (set again by run_cli)
+_stopping = []  # the stop signal being raised; None once run_cli's main() has ended (set again by run_cli)
 
 
 def _stop(signum):
+    _stopping.append(signum)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
+
+
+def _send_again(signum):
+    threading.Thread(target=_thread.interrupt_main, args=(signum,), daemon=True).start()
 
 
 def _on_stop_signal(signum, frame):
@@ -163,10 +175,22 @@ def _on_stop_signal(signum, frame):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    if getattr(_held, "depth", 0):
-        _held.pending = signum
+    if frame is not None and frame.f_code is _on_unraisable.__code__:  # raised here, it would be dropped too
+        _send_again(signum)
+    elif _stopping:
         return
-    _stop(signum)
+    elif getattr(_held, "depth", 0):
+        _held.pending = signum
+    else:
+        _stop(signum)
+
+
+def _on_unraisable(unraisable):
+    """run_cli's sys.unraisablehook: a stop signal's exception that Python dropped is raised again."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _stopping and _stopping[-1] is not None:
+        _send_again(_stopping.pop())
+    else:
+        sys.__unraisablehook__(unraisable)
 
 
 class HeldSignals:
@@ -252,20 +276,11 @@ def _probe_writable(folder):
     probe = os.path.join(folder, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
     with HeldSignals():  # a stop signal between creating the probe and removing it waits for the removal
         try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
-            with open(probe, "x", encoding="utf-8"):
-                pass
+            os.mkdir(probe)  # a folder: if a SIGKILL leaves it, it is empty, and the next write removes it
         except OSError as error:
             return f"cannot write into {folder!r}: {error.strerror or error}"
-        finally:
-            if os.path.lexists(probe):
-                os.unlink(probe)
+        os.rmdir(probe)
     return None
-
-
-def _staging_part(path):
-    """The first part of `path` named like a stage (.rl-lab-tmp-<pid>-<hex>), or None. A write clears the
-    stages of runs that died from its folder, so an output inside one would be lost to the next run."""
-    return next((part for part in path.split(os.sep) if _TEMPORARY_NAME.match(part)), None)
 
 
 def output_folder_problem(path, filenames=()):
@@ -284,9 +299,6 @@ def output_folder_problem(path, filenames=()):
         if os.path.lexists(prefix) and not os.path.isdir(prefix):
             return f"{prefix!r} exists and is not a folder"
     folder = os.path.realpath(path)
-    staging = _staging_part(os.path.join(folder, *filenames))
-    if staging:
-        return f"{staging!r} is named like the lab's staging folders, which a later write removes: choose another name"
     existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         return f"{existing!r} is not a folder"
@@ -352,15 +364,15 @@ def output_file_or_exit(parser, path, flag="--output"):
 # Writing a run's files, all or nothing
 # ---------------------------------------------------------------------------------------------
 # A write, under the lock of every folder it publishes into:
-#   1. undo what a killed run left in the anchor (the nearest existing folder of the outputs);
-#   2. stage every file in one fresh folder there, .rl-lab-tmp-<pid>-<hex>/new/<path from the anchor>;
-#   3. write the stage's journal: the entries to publish, each the topmost missing part of a target's
-#      path (a new folder goes whole, with everything under it) or a file of an existing folder;
-#   4. publish each entry by one rename; a file it replaces is first kept as stage/old/<path> (a hard
-#      link: the file never disappears);
-#   5. remove the journal (from then on the new files stay), then the stage.
-# A failure at any step undoes the published entries, last first, from the journal; so does the next
-# write into that anchor when a SIGKILL came in between. Stop signals wait for the whole write.
+#   1. make one fresh stage, .rl-lab-tmp-<pid>-<token>, in the nearest existing folder of the outputs (the
+#      anchor), with an empty file named <token> in it: the mark that it is a stage of the lab;
+#   2. write every file into it, as new/<path from the anchor>;
+#   3. publish by renames: a new folder whole with one rename, each file of an existing folder by one
+#      os.replace (its previous version kept as old/<path>, a hard link, until every rename is done);
+#   4. remove the stage.
+# A failure puts the previous files back and removes the stage. Stop signals wait for the whole write, so
+# only a SIGKILL leaves a stage behind. A later write into that folder (or into a folder just below it)
+# removes such a stage, and only it: nothing that was published is moved, and one line says so.
 
 
 def _process_alive(pid):
@@ -407,44 +419,37 @@ def _make_parents(path):
         os.mkdir(folder)
 
 
-def _undo(stage, anchor):
-    """Put back what the stage's journal lists, last entry first, then remove the stage: a replaced file
-    gets its previous version back (a no-op where it was not replaced yet: the two are one file), a file
-    or folder the run created goes back into the stage. Without a journal nothing was published."""
-    try:
-        with open(os.path.join(stage, _JOURNAL), encoding="utf-8") as handle:
-            published = json.load(handle)
-    except FileNotFoundError:  # publishing had not begun, or had finished
-        published = []
-    except ValueError:  # cut while being written: publishing had not begun
-        published = []
-    for relative in reversed(published if isinstance(published, list) else []):
-        target, old, new = (os.path.join(anchor, relative), os.path.join(stage, "old", relative),
-                            os.path.join(stage, "new", relative))
-        if os.path.lexists(old):
-            os.replace(old, target)
-        elif not os.path.lexists(new) and os.path.lexists(target):
-            os.replace(target, new)
-    _remove_tree(stage)
+def _remove_stage(stage, token):
+    """Remove a stage, its mark (the file <token>) last, so that a stage cut short here is empty or marked."""
+    for entry in os.scandir(stage):
+        if entry.name != token:
+            (_remove_tree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(stage, token))
+    os.rmdir(stage)
 
 
-def _undo_killed_runs(anchor):
-    """Undo the stages (and remove the probes) that processes no longer running left in `anchor`."""
+def _remove_dead_stages(folder):
+    """Remove the stages that runs killed by SIGKILL left in `folder`: named .rl-lab-tmp-<pid>-<token> with
+    a pid no process has now, and marked by their <token> file (or empty). Anything else is left, and said."""
     try:
-        names = os.listdir(anchor)
+        names = os.listdir(folder)
     except OSError:
         return
     for name in names:
         match = _TEMPORARY_NAME.match(name)
-        if match and not _process_alive(int(match.group(1))):
-            path = os.path.join(anchor, name)
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    _undo(path, anchor)
-                else:
-                    os.unlink(path)
-            except OSError:  # left for a later write
-                pass
+        path = os.path.join(folder, name)
+        if not match or _process_alive(int(match.group(1))) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            if os.path.isfile(os.path.join(path, match.group(2))):
+                _remove_stage(path, match.group(2))
+                _say(f"{_program()}: note: removed {path!r}, what a run killed while writing (pid "
+                     f"{match.group(1)}) left; files it had already published stay as they are")
+            else:
+                os.rmdir(path)  # an empty folder holds nothing; a full one without the mark is not the lab's
+        except OSError:
+            _say(f"{_program()}: note: left {path!r} as it is: named like a stage of the lab, but not one")
 
 
 def _entries(anchor, targets):
@@ -492,30 +497,36 @@ def _locked(folders):
             os.close(descriptor)
 
 
+def _write_one(path, data):
+    _make_parents(path)
+    # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
+    if isinstance(data, bytes):
+        with open(path, "xb") as handle:
+            handle.write(data)
+    else:
+        with open(path, "x", encoding="utf-8", newline="\n") as handle:
+            handle.write(data)
+
+
 def _stage_and_publish(anchor, targets, entries):
-    stage = os.path.join(anchor, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    token = uuid.uuid4().hex[:12]
+    stage = os.path.join(anchor, f"{TEMPORARY_PREFIX}{os.getpid()}-{token}")
     try:
         os.mkdir(stage)
     except OSError as error:
         raise WriteFailed(f"cannot write into {anchor!r}: {error.strerror or error}") from None
+    published = []  # (path relative to the anchor, its previous version or None), to put back on a failure
     try:
-        for target, data in targets.items():
-            staged = os.path.join(stage, "new", os.path.relpath(target, anchor))
+        staged = [(os.path.join(stage, token), stage, "")] + [  # (where, the name an error gives, data): mark first
+            (os.path.join(stage, "new", os.path.relpath(target, anchor)), target, data)
+            for target, data in targets.items()]
+        for path, target, data in staged:
             try:
-                _make_parents(staged)
-                # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
-                if isinstance(data, bytes):
-                    with open(staged, "xb") as handle:
-                        handle.write(data)
-                else:
-                    with open(staged, "x", encoding="utf-8", newline="\n") as handle:
-                        handle.write(data)
+                _write_one(path, data)
             except OSError as error:
                 raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
-        with open(os.path.join(stage, _JOURNAL), "x", encoding="utf-8") as handle:
-            handle.write(json.dumps([relative for relative, _ in entries]))
         for relative, is_folder in entries:
-            target = os.path.join(anchor, relative)
+            target, old = os.path.join(anchor, relative), None
             try:
                 if not is_folder and os.path.lexists(target):  # the previous file: kept until all are renamed
                     old = os.path.join(stage, "old", relative)
@@ -524,20 +535,22 @@ def _stage_and_publish(anchor, targets, entries):
                         os.link(target, old)
                     except OSError:  # a filesystem without hard links: moved aside for a moment instead
                         os.replace(target, old)
+                published.append((relative, old))
                 os.replace(os.path.join(stage, "new", relative), target)
             except OSError as error:
                 raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
-        os.unlink(os.path.join(stage, _JOURNAL))  # every entry is in place: the run's files stay
     except BaseException:
-        try:
-            _undo(stage, anchor)
-        except OSError:  # the journal stays: the next write into this folder finishes the undo
-            pass
+        with contextlib.suppress(OSError):  # what cannot be put back stays in the stage, for the user to see
+            for relative, old in reversed(published):
+                target, new = os.path.join(anchor, relative), os.path.join(stage, "new", relative)
+                if old is not None:
+                    os.replace(old, target)
+                elif not os.path.lexists(new):  # this run created it: back into the stage
+                    os.replace(target, new)
+            _remove_stage(stage, token)
         raise
-    try:
-        _remove_tree(stage)
-    except OSError:  # only the previous versions are left; the next write there removes them
-        pass
+    with contextlib.suppress(OSError):  # only the previous versions are left; the next write there removes them
+        _remove_stage(stage, token)
 
 
 def write_files(files):
@@ -555,11 +568,7 @@ def write_files(files):
     for path, data in files.items():
         if os.path.basename(path) in ("", os.curdir, os.pardir):
             raise WriteFailed(f"cannot write {path!r}: not a file name")
-        target = _target_path(path)
-        if _staging_part(target):
-            raise WriteFailed(f"cannot write {path!r}: {_staging_part(target)!r} is named like the lab's staging "
-                              "folders, which a later write removes")
-        targets[target] = data
+        targets[_target_path(path)] = data
     for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
         longest = _longest_path(_nearest_existing(os.path.dirname(target)))
         if len(os.fsencode(target)) > longest:
@@ -571,11 +580,12 @@ def write_files(files):
         entries = _entries(anchor, targets)
         with _locked([anchor] + [os.path.dirname(os.path.join(anchor, relative)) for relative, _ in entries]):
             with HeldSignals():
-                _undo_killed_runs(anchor)
                 if _nearest_existing(base) == anchor and _entries(anchor, targets) == entries:
+                    for folder in dict.fromkeys([anchor, os.path.dirname(anchor)]):  # where a killed run staged
+                        _remove_dead_stages(folder)
                     _stage_and_publish(anchor, targets, entries)
                     return
-        # another run created a folder of the path meanwhile (or a killed run's was undone): plan again
+        # another run created a folder of the path meanwhile: plan again
 
 
 def write_text_atomic(path, text):
@@ -681,12 +691,13 @@ def run_cli(main_function):
     """
     global _program_pid
     _program_pid = os.getpid()
+    _stopping.clear()
     previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _on_stop_signal)
+    previous_unraisablehook = sys.unraisablehook
     try:
         return _run(main_function)
     finally:
+        sys.unraisablehook = previous_unraisablehook
         for signum, handler in previous_handlers.items():
             if handler is _exit_at_once:  # run_cli ran a program started by lab_start, not an in-process call
                 # the program's run has ended, its files written and its lines printed: a stop signal now
@@ -705,10 +716,15 @@ def _run(main_function):
             pass
     program = _program()
     try:
-        try:
+        try:  # the handlers are installed inside the try, so that a stop signal from the first moment is caught
+            sys.unraisablehook = _on_unraisable
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, _on_stop_signal)
             status = main_function()
         except SystemExit as exit_:  # argparse's exits: --help (0) and a bad flag (2)
             status = exit_.code
+        finally:
+            _stopping.append(None)  # main() has ended: a stop signal from now on changes nothing
         error = _settle_stdout()
         if error is None:
             return status
@@ -727,9 +743,9 @@ def _run(main_function):
              "so a folder holds all of this run's files or none of them")
         return 128 + signum
     except OSError as error:
-        stdout_error = _settle_stdout()
-        if stdout_error is not None and not isinstance(error, WriteFailed) and error.filename is None:
-            # print() itself failed (a full disk behind `> file`): say which file it was
+        _settle_stdout()
+        if not isinstance(error, WriteFailed) and error.filename is None and error.errno in _FULL_STREAM:
+            # print() itself failed (a full disk behind `> file`, /dev/full): the lab's own files are named
             _say(f"{program}: error: cannot write to standard output: {getattr(error, 'strerror', None) or error}")
             return 1
         reason = str(error) if isinstance(error, WriteFailed) else (

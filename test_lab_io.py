@@ -10,6 +10,7 @@ while torch is still loading (the one fresh process here).
 """
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import io
@@ -35,6 +36,9 @@ import rl_lab
 import token_objectives
 from lab_checks import torch_threads
 from lab_testing import HERE, run_cli_in_process, run_main
+
+
+MEMORY_FOLDER = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a memory filesystem where there is one
 
 
 def staged(path):
@@ -151,17 +155,15 @@ class OutputsThatMustNotBeReplaced(unittest.TestCase):
             lab_io.write_files({deep: "{}\n"})
         self.assertEqual(os.listdir(self.tmp.name), [])
 
-    def test_an_output_named_like_a_stage_is_refused_so_no_later_write_removes_it(self):
-        stage_like = ".rl-lab-tmp-99998-abcdefabcdef"  # a pid that has ended: the next write would clear it
-        for problem in (lab_io.output_folder_problem(self.path(stage_like)),
-                        lab_io.output_folder_problem(self.path(stage_like, "run"), ["online.csv"]),
-                        lab_io.output_file_problem(self.path(stage_like)),
-                        lab_io.output_folder_problem(self.path(), [stage_like])):
-            self.assertIn(f"'{stage_like}' is named like the lab's staging folders", problem)
-        with self.assertRaisesRegex(lab_io.WriteFailed, "named like the lab's staging folders"):
-            lab_io.write_files({self.path(stage_like, "online.csv"): "x\n"})
-        self.assertIsNone(lab_io.output_folder_problem(self.path(".rl-lab-tmp-mine")))  # not the stage pattern
-        self.assertEqual(os.listdir(self.tmp.name), [])
+    def test_an_output_named_like_a_stage_is_never_removed_by_a_later_write(self):
+        stage_like = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-abcdefabcdef"  # a pid that has ended
+        self.assertIsNone(lab_io.output_folder_problem(self.path(stage_like), ["online.csv"]))
+        lab_io.write_files({self.path(stage_like, "online.csv"): "x\n"})
+        with mock.patch.object(sys, "stderr", io.StringIO()) as err:
+            lab_io.write_files({self.path("figure.svg"): "<svg/>\n"})  # a write beside it
+        self.assertEqual(contents(self.tmp.name), {f"{stage_like}/online.csv": "x\n", "figure.svg": "<svg/>\n"})
+        self.assertEqual(err.getvalue().count("\n"), 1)  # without the lab's mark it is not a stage: said, kept
+        self.assertIn(f"left '{self.path(stage_like)}' as it is", err.getvalue())
 
     def test_a_file_or_a_dangling_link_on_the_way_is_no_folder(self):
         os.symlink(self.path("nowhere"), self.path("dangling"))
@@ -277,47 +279,18 @@ class AllOrNothing(unittest.TestCase):
                                                     "dpo.csv": "dpo\n"})
 
     def test_a_stop_signal_while_the_probe_is_removed_leaves_no_probe(self):
-        real_unlink = os.unlink
+        real_rmdir = os.rmdir
 
-        def unlink(path, *args, **kwargs):
+        def rmdir(path, *args, **kwargs):
             if os.path.basename(str(path)).startswith(lab_io.TEMPORARY_PREFIX):
                 signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # just before the probe is removed
-            return real_unlink(path, *args, **kwargs)
+            return real_rmdir(path, *args, **kwargs)
 
-        with mock.patch.object(os, "unlink", unlink):
+        with mock.patch.object(os, "rmdir", rmdir):
             code, _, stderr = run_cli_in_process(ppo_chain.main, ["--steps", "1", "--output", self.path("new", "x")])
         self.assertEqual(code, 143)
         self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
         self.assertEqual(os.listdir(self.tmp.name), [])  # the probe was in tmp, the nearest existing folder
-
-    def test_a_killed_runs_half_publish_is_undone_by_the_next_write(self):
-        for name, text in (("ppo.csv", "old csv\n"), ("ppo.json", "old json\n")):
-            with open(self.path(name), "w", encoding="utf-8") as handle:
-                handle.write(text)
-        real_replace = os.replace
-
-        def replace(source, target):
-            real_replace(source, target)
-            if target == self.path("ppo.csv"):
-                raise SystemError("killed here")  # as SIGKILL: nothing of this process runs after it
-
-        with mock.patch.object(os, "replace", replace), mock.patch.object(lab_io, "_undo", lambda *args: None):
-            with self.assertRaises(SystemError):
-                lab_io.write_files({self.path("ppo.csv"): "new csv\n", self.path("ppo.json"): "new json\n",
-                                    self.path("new", "f.csv"): "new f\n"})
-        [stage] = [name for name in os.listdir(self.tmp.name) if name.startswith(lab_io.TEMPORARY_PREFIX)]
-        with open(self.path("ppo.csv"), encoding="utf-8") as handle:
-            self.assertEqual(handle.read(), "new csv\n")  # mixed: what a SIGKILL leaves
-        killed = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-0123456789ab"
-        os.rename(self.path(stage), self.path(killed))
-        probe = f"{lab_io.TEMPORARY_PREFIX}{dead_pid()}-ba9876543210"  # a killed check's probe
-        live = f"{lab_io.TEMPORARY_PREFIX}{os.getppid()}-0123456789ab"  # a running process's: left alone
-        for name in (probe, live):
-            with open(self.path(name), "w", encoding="utf-8") as handle:
-                handle.write("")
-        lab_io.write_text_atomic(self.path("figure.svg"), "<svg/>\n")
-        self.assertEqual(contents(self.tmp.name), {"ppo.csv": "old csv\n", "ppo.json": "old json\n",
-                                                    "figure.svg": "<svg/>\n", live: ""})
 
     def test_written_files_follow_the_umask(self):
         previous = os.umask(0o022)
@@ -361,6 +334,146 @@ class NoFolderLeftByAFailedWrite(unittest.TestCase):
         self.assertIn("No space left on device", stderr)
         self.assertEqual(len(calls), 2)
         self.assertEqual(os.listdir(self.tmp.name), [])
+
+
+def killed_at(step, files):
+    """Write `files` in a forked process that SIGKILLs itself just before the `step`-th call of the write
+    to mkdir, open, link, replace, unlink or rmdir. True if it was killed, False if the write ended first."""
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's lines run in the fork
+        try:
+            calls = []
+
+            def before(real):
+                def call(*args, **kwargs):
+                    calls.append(real)
+                    if len(calls) == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+                return call
+
+            with contextlib.ExitStack() as patches:
+                for name in ("mkdir", "link", "replace", "unlink", "rmdir"):
+                    patches.enter_context(mock.patch.object(os, name, before(getattr(os, name))))
+                patches.enter_context(mock.patch("builtins.open", before(builtins.open)))
+                lab_io.write_files(files)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(child, 0)
+    return os.WIFSIGNALED(status)
+
+
+class KilledRuns(unittest.TestCase):
+    """A run killed by SIGKILL at every step of its write; then the reruns, the user's own files and the
+    writes beside it that follow. Whatever the killed run had published stays; nothing of the user's goes."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(dir=MEMORY_FOLDER)  # some 200 writes and removals
+        self.addCleanup(self.tmp.cleanup)
+        os.mkdir(self.path("runs"))
+
+    def path(self, *parts):
+        return os.path.join(self.tmp.name, *parts)
+
+    def write(self, files):
+        """write_files(files); the notes it printed on stderr, each one line."""
+        with mock.patch.object(sys, "stderr", io.StringIO()) as err:
+            lab_io.write_files(files)
+        return err.getvalue().splitlines()
+
+    def kill_at_every_step(self, files, then):
+        """For step 1, 2, ...: a fresh copy of runs/ (from `self.before`), a run of `files` killed there,
+        then `then(step)`; until a run ends before its step. Returns the number of steps."""
+        for step in range(1, 100):
+            self.reset()
+            if not killed_at(step, files):
+                return step - 1
+            with self.subTest(step=step):
+                then(step)
+                stages = [os.path.join(root, name) for root, folders, names in os.walk(self.tmp.name)
+                          for name in folders + names if name.startswith(lab_io.TEMPORARY_PREFIX)]
+                self.assertEqual(stages, [])  # every stage of the killed run was removed, nothing more
+        self.fail("the write never ended")
+
+    def reset(self):
+        for root, folders, names in os.walk(self.path("runs"), topdown=False):
+            for name in names:
+                os.unlink(os.path.join(root, name))
+            for name in folders:
+                os.rmdir(os.path.join(root, name))
+        for relative, text in self.before.items():
+            os.makedirs(os.path.dirname(self.path("runs", relative)), exist_ok=True)
+            with open(self.path("runs", relative), "w", encoding="utf-8") as handle:
+                handle.write(text)
+
+    def user_note(self, folder):
+        with open(self.path("runs", folder, "notes.txt"), "w", encoding="utf-8") as handle:
+            handle.write("the user's notes\n")
+
+    def test_a_new_folder_killed_anywhere_then_a_rerun_a_note_and_writes_beside_it_lose_nothing(self):
+        self.before = {"other/keep.csv": "another run\n"}
+        run = {self.path("runs", "exp1", "ppo.csv"): "killed\n", self.path("runs", "exp1", "ppo.json"): "killed\n"}
+        rerun = dict.fromkeys(run, "rerun\n")
+
+        def then(step):
+            notes = self.write(rerun)  # into the same folder: whole again
+            self.assertLessEqual(len(notes), 1)
+            self.assertTrue(all("note: removed" in note and "pid" in note for note in notes), notes)
+            self.user_note("exp1")
+            self.assertEqual(self.write({self.path("runs", "fig.svg"): "<svg/>\n"}), [])  # the plotter
+            self.assertEqual(self.write({self.path("runs", "exp2", "ppo.csv"): "sibling\n"}), [])  # a sibling
+            self.assertEqual(contents(self.path("runs")), {
+                "exp1/ppo.csv": "rerun\n", "exp1/ppo.json": "rerun\n", "exp1/notes.txt": "the user's notes\n",
+                "fig.svg": "<svg/>\n", "exp2/ppo.csv": "sibling\n", "other/keep.csv": "another run\n"})
+
+        self.assertGreaterEqual(self.kill_at_every_step(run, then), 8)  # mkdir, mark, folders, 2 files, rename...
+
+    def test_a_killed_write_into_a_folder_keeps_each_file_whole_and_the_users_file(self):
+        self.before = {"exp1/ppo.csv": "old\n", "exp1/ppo.json": "old\n"}
+        run = {self.path("runs", "exp1", "ppo.csv"): "killed\n", self.path("runs", "exp1", "ppo.json"): "killed\n"}
+
+        def then(step):
+            self.user_note("exp1")
+            self.assertEqual(self.write({self.path("runs", "fig.svg"): "<svg/>\n"}), [])  # beside: not its stage
+            found = contents(self.path("runs", "exp1"))
+            self.assertEqual(found.pop("notes.txt"), "the user's notes\n")
+            for name in ("ppo.csv", "ppo.json"):  # each file whole: the old or the new one (a mix until a rerun)
+                self.assertIn(found.pop(name), ("old\n", "killed\n"))
+            self.write(dict.fromkeys(run, "rerun\n"))  # the rerun removes the stage and writes both
+            self.assertEqual(contents(self.path("runs")), {
+                "exp1/ppo.csv": "rerun\n", "exp1/ppo.json": "rerun\n", "exp1/notes.txt": "the user's notes\n",
+                "fig.svg": "<svg/>\n"})
+
+        self.kill_at_every_step(run, then)
+
+    def test_a_killed_sft_write_then_a_rerun_keeps_the_cache_it_loaded(self):
+        # sft.py writes a new cache folder and the evaluation together; the rerun loads the cache the killed
+        # run had published and writes only its evaluation: the cache stays as it was
+        self.before = {"evaluation.json": "old\n"}
+        run = {self.path("runs", "sft-key", "model.pt"): "weights\n", self.path("runs", "sft-key", "config.json"): "{}\n",
+               self.path("runs", "evaluation.json"): "killed\n"}
+
+        def then(step):
+            cache = contents(self.path("runs", "sft-key"))
+            self.write({self.path("runs", "evaluation.json"): "rerun\n"})
+            self.assertEqual(contents(self.path("runs", "sft-key")), cache)
+            self.assertIn(cache, ({}, {"model.pt": "weights\n", "config.json": "{}\n"}))  # all or nothing
+
+        self.kill_at_every_step(run, then)
+
+    def test_what_is_not_the_stage_of_a_dead_run_is_left(self):
+        prefix = lab_io.TEMPORARY_PREFIX
+        empty, unmarked = f"{prefix}{dead_pid()}-0123456789ab", f"{prefix}{dead_pid()}-ba9876543210"
+        live = f"{prefix}{os.getppid()}-0123456789ab"  # a running process's stage: never touched
+        os.mkdir(self.path("runs", empty))  # a killed probe, or a stage killed before its mark: empty
+        for name in (unmarked, live):
+            os.mkdir(self.path("runs", name))
+            with open(self.path("runs", name, "mine.txt"), "w", encoding="utf-8") as handle:
+                handle.write("a user's file\n")
+        notes = self.write({self.path("runs", "fig.svg"): "<svg/>\n"})
+        self.assertEqual(sorted(os.listdir(self.path("runs"))), sorted([unmarked, live, "fig.svg"]))
+        self.assertEqual(len(notes), 1)
+        self.assertIn(f"left '{self.path('runs', unmarked)}' as it is", notes[0])
 
 
 class ConcurrentRuns(unittest.TestCase):
