@@ -1821,9 +1821,13 @@ def _run_job(job):
     return index, time.perf_counter() - started, result
 
 
-def _worker(connection):
+def _worker(connection, main_ends=()):
     """A worker process: run each job the main process sends, answer (True, result) or (False, the
-    exception); stop at None, or when the main process is gone (its end of the pipe closed)."""
+    exception); stop at None, or when the main process is gone (its end of the pipe closed). `main_ends`:
+    the main process's ends of the pipes, which a forked worker holds too and closes, or it would never
+    see the main process's end closed."""
+    for end in main_ends:
+        end.close()
     _worker_signals()
     while True:
         try:
@@ -1880,7 +1884,7 @@ def _results_from_workers(all_jobs, jobs_count):
     try:
         for _ in range(min(jobs_count, len(all_jobs))):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_worker, args=(theirs,), daemon=True)
+            process = context.Process(target=_worker, args=(theirs, [*workers, ours]), daemon=True)
             process.start()
             theirs.close()  # the worker's end lives in the worker only, so its death reads as end-of-file
             workers[ours] = process

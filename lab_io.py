@@ -165,7 +165,13 @@ def _stop(signum):
 
 
 def _send_again(signum):
-    threading.Thread(target=_thread.interrupt_main, args=(signum,), daemon=True).start()
+    _thread.start_new_thread(_thread.interrupt_main, (signum,))  # (threading.Thread would wait for it here)
+
+
+def _in_unraisable_hook(frame):
+    while frame is not None and frame.f_code is not _on_unraisable.__code__:
+        frame = frame.f_back
+    return frame is not None
 
 
 def _on_stop_signal(signum, frame):
@@ -175,7 +181,7 @@ def _on_stop_signal(signum, frame):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    if frame is not None and frame.f_code is _on_unraisable.__code__:  # raised here, it would be dropped too
+    if _in_unraisable_hook(frame):  # raised here, it would be dropped too
         _send_again(signum)
     elif _stopping:
         return

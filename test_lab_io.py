@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import unittest
+import weakref
 from unittest import mock
 
 import torch
@@ -587,18 +588,18 @@ class OneLineForEveryFailure(unittest.TestCase):
             self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
 
     @unittest.skipUnless(os.path.exists("/dev/full"), "needs /dev/full")
-    def test_progress_into_dev_full_in_a_process_is_status_1(self):
+    def test_progress_or_print_into_dev_full_in_a_process_is_status_1(self):
         # In a real process Progress points the full stdout at the null device: the flush at the end then
         # succeeds, so only the recorded failure can make the status say that the printed lines were lost.
-        code = ("import sys, lab_io\n"
-                "def main():\n    lab_io.Progress()('a progress line')\n    return 0\n"
-                "sys.exit(lab_io.run_cli(main))\n")
-        with open("/dev/full", "w") as full:
-            finished = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True,
-                                      cwd=os.path.dirname(os.path.abspath(lab_io.__file__)), timeout=60, check=False)
-        self.assertEqual(finished.returncode, 1)
-        self.assertEqual(finished.stderr.count("\n"), 1)
-        self.assertIn("cannot write to standard output: No space left on device", finished.stderr)
+        # A print() longer than the buffer fails at once, keeping nothing to flush: its OSError names no file.
+        for line in ("lab_io.Progress()('a progress line')", "print('a long table ' * 10000)"):
+            code = f"import sys, lab_io\ndef main():\n    {line}\n    return 0\nsys.exit(lab_io.run_cli(main))\n"
+            with self.subTest(line=line), open("/dev/full", "w") as full:
+                finished = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE, text=True,
+                                          cwd=HERE, timeout=60, check=False)
+                self.assertEqual(finished.returncode, 1)
+                self.assertEqual(finished.stderr.count("\n"), 1)
+                self.assertIn("cannot write to standard output: No space left on device", finished.stderr)
 
     def test_help_into_a_full_stdout_is_one_line_and_status_1_in_every_program(self):
         for module in (rl_lab, ppo_chain, token_objectives, online_tokens, experiments, plot_results, bench):
@@ -707,6 +708,122 @@ class OneLineForEveryFailure(unittest.TestCase):
             self.assertEqual(code, 130)
             self.assertEqual(len(stderr.strip().splitlines()), 1)
             self.assertEqual(os.listdir(tmp), [])
+
+
+class StopSignals(unittest.TestCase):
+    """The first stop signal ends the run with its one line and status, wherever it lands; later ones
+    change nothing. Each case sends the signal at the exact moment named."""
+
+    def test_a_stop_that_python_drops_inside_a_callback_still_ends_the_run(self):
+        # torch's lazy imports run importlib's module-lock callbacks by the thousand; an exception raised in
+        # a callback is printed as "Exception ignored" and dropped, and the run would go on
+        finished = []
+
+        def main(argv):
+            class Thing:
+                pass
+
+            def callback(reference):
+                os.kill(os.getpid(), signal.SIGINT)
+                return len(finished)  # the handler runs here, inside the callback
+
+            thing = Thing()
+            reference = weakref.ref(thing, callback)
+            del thing
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the training that must not go on
+                pass
+            finished.append(reference)
+            return 0
+
+        code, _, stderr = run_cli_in_process(main, [])
+        self.assertEqual((code, finished), (130, []))
+        self.assertEqual(len(stderr.splitlines()), 1, stderr)
+        self.assertIn("interrupted (SIGINT)", stderr)
+
+    def test_a_second_stop_while_the_first_is_reported_changes_nothing(self):
+        def main(argv):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return 0
+
+        def settle_and_ctrl_c():  # a Ctrl-C just after a SIGTERM, while run_cli handles the first
+            os.kill(os.getpid(), signal.SIGINT)
+
+        with mock.patch.object(lab_io, "_settle_stdout", settle_and_ctrl_c):
+            code, _, stderr = run_cli_in_process(main, [])
+        self.assertEqual(code, 143)
+        self.assertEqual(len(stderr.splitlines()), 1, stderr)
+        self.assertIn("interrupted (SIGTERM)", stderr)
+
+    def test_a_stop_as_the_handlers_are_installed_or_restored_is_one_line_or_nothing(self):
+        real_signal, started = signal.signal, []
+
+        def ctrl_c_once_installed(signum, handler):
+            previous = real_signal(signum, handler)
+            if handler is lab_io._on_stop_signal and signum == signal.SIGINT:
+                os.kill(os.getpid(), signal.SIGINT)  # before main() starts
+            return previous
+
+        with mock.patch.object(signal, "signal", ctrl_c_once_installed):
+            code, _, stderr = run_cli_in_process(lambda argv: started.append(argv) or 0, [])
+        self.assertEqual((code, started), (130, []))
+        self.assertEqual(len(stderr.splitlines()), 1, stderr)
+
+        def sigterm_while_restored(signum, handler):
+            if handler is not lab_io._on_stop_signal:  # run_cli puts the caller's handlers back: main() has ended
+                lab_io._on_stop_signal(signal.SIGTERM, None)
+            return real_signal(signum, handler)
+
+        with mock.patch.object(signal, "signal", sigterm_while_restored):
+            code, _, stderr = run_cli_in_process(lambda argv: started.append(argv) or 0, [])
+        self.assertEqual((code, stderr, started), (0, "", [[]]))
+
+
+class KilledMainProcess(unittest.TestCase):
+    def test_the_workers_of_experiments_end_when_the_main_process_is_killed(self):
+        # each worker is forked from the main process; if it kept the main process's end of its own pipe,
+        # it would never read end-of-file when SIGKILL ends the main process, and would live on
+        with tempfile.TemporaryDirectory() as tmp:
+            def nap(seed):  # a job: say which process runs it, then take a moment
+                with open(os.path.join(tmp, f"{seed}.pid"), "w", encoding="utf-8") as handle:
+                    handle.write(str(os.getpid()))
+                time.sleep(0.3)
+                return seed
+
+            jobs = [("nap", index, "nap", seed, "nap", {}) for index, seed in enumerate((1, 2, 3))]
+            with mock.patch.dict(experiments.RUNNERS, {"nap": nap}):
+                main = os.fork()
+                if main == 0:  # pragma: no cover - the main process of the pool, in the fork
+                    try:
+                        for _ in experiments._results_from_workers(jobs, 2):
+                            pass
+                    finally:
+                        os._exit(0)
+            paths = [os.path.join(tmp, f"{seed}.pid") for seed in (1, 2)]
+            deadline = time.monotonic() + 30
+            while not all(os.path.exists(path) and os.path.getsize(path) for path in paths):
+                self.assertLess(time.monotonic(), deadline, "the workers never started")
+                time.sleep(0.01)
+            os.kill(main, signal.SIGKILL)
+            os.waitpid(main, 0)
+            workers = []
+            for path in paths:
+                with open(path, encoding="utf-8") as handle:
+                    workers.append(int(handle.read()))
+            self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL) for pid in workers if running(pid)])
+            deadline = time.monotonic() + 10  # each ends once its job is done and its answer cannot go out
+            while any(running(pid) for pid in workers) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertEqual([pid for pid in workers if running(pid)], [])
+
+
+def running(pid):
+    """True while `pid` is a process that has not ended (a zombie, which no parent reaps here, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class FreshProcess(unittest.TestCase):
