@@ -71,6 +71,7 @@ from lab_io import (  # noqa: E402
     output_file_or_exit,
     output_folder_or_exit,
     run_cli,
+    separate_outputs_or_exit,
     write_files,
 )
 
@@ -2282,6 +2283,7 @@ def main(argv=None):
     output_folder_or_exit(parser, args.output)
     if args.timings is not None:
         output_file_or_exit(parser, args.timings, flag="--timings")
+        separate_outputs_or_exit(parser, {"--timings": args.timings, "--output": args.output})
     for name in names:  # every experiment's folder, before any run
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
     if args.quick:

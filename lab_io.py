@@ -335,6 +335,17 @@ def output_file_problem(path):
     return output_folder_problem(os.path.dirname(path) or os.curdir, [os.path.basename(path)])
 
 
+def separate_outputs_or_exit(parser, outputs):
+    """Exit 2 with one line naming the flag when one output ({flag: path}) is another or lies inside it:
+    a run would replace, or collide with, its own files after all its work."""
+    resolved = {flag: os.path.realpath(path) for flag, path in outputs.items()}
+    for flag, path in resolved.items():
+        for other, folder in resolved.items():
+            if other != flag and os.path.commonpath([path, folder]) == folder:
+                parser.error(f"argument {flag}: {outputs[flag]!r} is inside {other} {outputs[other]!r}, where "
+                             "the run writes its own files")
+
+
 MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
 
 

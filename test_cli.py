@@ -196,6 +196,25 @@ class Contract(unittest.TestCase):
                 self.assertEqual(written, snapshot(second))
                 self.assertEqual([name for name in os.listdir(os.path.dirname(first)) if name.startswith(".")], [])
 
+    def test_an_output_flag_pointing_into_the_runs_own_output_is_refused_before_any_work(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out")
+            experiment = ["zero-variance", "--quick", "--seeds", "1", "--output", out, "--timings"]
+            cases = [
+                ("--timings", experiments.main, experiment + [os.path.join(out, "zero-variance", "settings.json")]),
+                ("--timings", experiments.main, experiment + [os.path.join(out, "zero-variance")]),  # a folder it makes
+                ("--sft-folder", online_tokens.main, ["--policy", "transformer", "--steps", "1", "--output", out,
+                                                      "--sft-folder", os.path.join(out, "online.json")]),
+            ]
+            for flag, main, argv in cases:
+                with self.subTest(argv=argv):
+                    code, stdout, stderr = run_main(main, argv)
+                    self.assertEqual((code, stdout), (2, ""))
+                    self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                    self.assertIn(f"argument {flag}: ", stderr)
+                    self.assertIn(f"is inside --output '{out}'", stderr)
+                    self.assertEqual(os.listdir(tmp), [])
+
     def test_help_shows_every_options_default(self):
         for name, program in PROGRAMS.items():
             with self.subTest(program=name):
