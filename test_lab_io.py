@@ -451,8 +451,8 @@ class KilledRuns(unittest.TestCase):
         # sft.py writes a new cache folder and the evaluation together; the rerun loads the cache the killed
         # run had published and writes only its evaluation: the cache stays as it was
         self.before = {"evaluation.json": "old\n"}
-        run = {self.path("runs", "sft-key", "model.pt"): "weights\n", self.path("runs", "sft-key", "config.json"): "{}\n",
-               self.path("runs", "evaluation.json"): "killed\n"}
+        run = {self.path("runs", "sft-key", "model.pt"): "weights\n",
+               self.path("runs", "sft-key", "config.json"): "{}\n", self.path("runs", "evaluation.json"): "killed\n"}
 
         def then(step):
             cache = contents(self.path("runs", "sft-key"))
