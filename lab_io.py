@@ -661,9 +661,11 @@ def _settle_stdout():
 
 
 def _out_of_memory(error):
-    """MemoryError, or torch's allocator failing (a RuntimeError, not a MemoryError)."""
+    """MemoryError, torch's allocator failing (a RuntimeError), or a compiled module that could not allocate
+    while torch imports lazily (a SystemError whose module set no exception)."""
     return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)) or (
+        isinstance(error, SystemError) and "without exception set" in str(error))
 
 
 _lost_stdout = []  # the error that made Progress stop printing, other than a reader that went away

@@ -613,15 +613,22 @@ class OneLineForEveryFailure(unittest.TestCase):
                 self.assertIn("cannot write to standard output: No space left on device", err.getvalue())
 
     def test_torchs_out_of_memory_is_the_out_of_memory_line(self):
-        def main(argv):  # what torch's CPU allocator raises: a RuntimeError, not a MemoryError
-            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-                               "memory: you tried to allocate 68719476736 bytes. Error code 12")
+        raised = [  # what torch's CPU allocator raises (a RuntimeError, not a MemoryError), and what a compiled
+            # module raises when it cannot allocate as torch imports it lazily on the first optimizer step
+            RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                         "memory: you tried to allocate 68719476736 bytes. Error code 12"),
+            SystemError("error return without exception set"),
+        ]
+        for error in raised:
+            def main(argv):
+                raise error
 
-        code, _, stderr = run_cli_in_process(main, [])
-        self.assertEqual(code, 1)
-        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
-        self.assertIn("error: out of memory (choose smaller sizes)", stderr)
-        self.assertNotIn("unexpected", stderr)
+            with self.subTest(error=type(error).__name__):
+                code, _, stderr = run_cli_in_process(main, [])
+                self.assertEqual(code, 1)
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn("error: out of memory (choose smaller sizes)", stderr)
+                self.assertNotIn("unexpected", stderr)
 
     def test_a_benchmarked_driver_that_fails_is_one_line_with_its_own_message(self):
         # bench.py runs each driver in a temporary folder: a full TMPDIR makes the driver fail there
@@ -841,6 +848,11 @@ class FreshProcess(unittest.TestCase):
                   "sys.exit(status)\n")
         finished = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=60)
         self.assertEqual((finished.returncode, finished.stderr), (0, ""))
+
+    def test_out_of_memory_while_importing_is_one_line(self):
+        script = "import lab_start; lab_start.exit_quietly_on_signals()\nraise MemoryError\n"  # as `import torch` can
+        finished = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=60)
+        self.assertEqual((finished.returncode, finished.stderr), (1, "-c: error: out of memory while starting\n"))
 
     def test_ctrl_c_while_starting_and_a_closed_pipe_end_with_one_line(self):
         with tempfile.TemporaryDirectory() as tmp:
