@@ -7,13 +7,9 @@ plotter uses it too.
   written, or must not be replaced, is refused before any work: a path that is not a folder, a
   folder where a file goes, a link, device or pipe where a file goes, a name or a path too long, a
   folder without write permission, another user's file in a sticky folder. Nothing is left by a check.
-- `write_files`: a run's files are written all or nothing. They are staged in one fresh folder,
-  `.rl-lab-tmp-<pid>-<token>`, inside the nearest existing folder of the output, then published by
-  renames: a new folder with one rename, each file of an existing folder by one rename. A failure puts
-  every previous file back and removes the stage. Runs into one output wait for each other (a lock on
-  the folder); a file the run does not write is never touched. A SIGKILL can leave only the stage (and,
-  in the middle of the renames, a folder with some files new): a later write there removes that stage,
-  recognised by its dead pid and its token, and nothing else.
+- `write_files`: a run's files are written all or nothing: staged in one fresh folder beside the
+  output, then published by renames (a new folder by one rename). Runs into one output wait for each
+  other; a file the run does not write is never touched, and nothing is ever deleted but the stage.
 - `HeldSignals`: Ctrl-C, SIGTERM and SIGHUP wait until a block ends (the writes use it).
 - `run_cli`: runs a program's main() as a process: every failure ends with one line on stderr and
   a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM, out
@@ -28,6 +24,7 @@ import argparse
 import contextlib
 import csv
 import errno
+import fcntl
 import io
 import json
 import math
@@ -39,11 +36,6 @@ import sys
 import threading
 import uuid
 
-try:
-    import fcntl  # the lock that serializes runs into one output; absent on Windows
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-
 from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
 
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
@@ -52,10 +44,7 @@ _TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-([0-9a-f]{12})\Z")  # a sta
 STAGE_OVERHEAD = len("/" + TEMPORARY_PREFIX) + 10 + 1 + 12 + len("/new")
 _INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
 _FLOAT_SYNTAX = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
-# the signals a user or a process manager sends to stop a program; SIGHUP is absent on Windows
-_STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a user or a process manager sends to stop
 TRACEBACK_VARIABLE = "RL_LAB_TRACEBACK"
 _FULL_STREAM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # print() failing: the stream's device
 
@@ -241,7 +230,7 @@ def _target_path(path):
 def _limit(folder, name, default):
     try:
         return os.pathconf(folder, name)
-    except (OSError, ValueError, AttributeError):  # AttributeError: no pathconf on Windows
+    except (OSError, ValueError):
         return default
 
 
@@ -253,11 +242,8 @@ def _longest_path(folder):
 
 def _sticky_refuses(folder, file_stat):
     """True when `folder` is sticky (like /tmp) and the file belongs to another user: rename fails there."""
-    if not hasattr(os, "geteuid") or os.geteuid() == 0:
-        return False
-    folder_stat = os.stat(folder)
-    euid = os.geteuid()
-    return bool(folder_stat.st_mode & stat.S_ISVTX) and file_stat.st_uid != euid and folder_stat.st_uid != euid
+    euid, folder_stat = os.geteuid(), os.stat(folder)
+    return euid != 0 and bool(folder_stat.st_mode & stat.S_ISVTX) and euid not in (file_stat.st_uid, folder_stat.st_uid)
 
 
 def _target_problem(folder, name):
@@ -382,25 +368,23 @@ def output_file_or_exit(parser, path, flag="--output"):
 # ---------------------------------------------------------------------------------------------
 # A write, under the lock of every folder it publishes into:
 #   1. make one fresh stage, .rl-lab-tmp-<pid>-<token>, in the nearest existing folder of the outputs (the
-#      anchor), with an empty file named <token> in it: the mark that it is a stage of the lab;
+#      anchor), and in it an empty file named <token>: the mark that says the folder is a stage;
 #   2. write every file into it, as new/<path from the anchor>;
-#   3. publish by renames: a new folder whole with one rename, each file of an existing folder by one
-#      os.replace (its previous version kept as old/<path>, a hard link, until every rename is done);
-#   4. remove the stage.
+#   3. publish: a new folder whole with one rename, each file of an existing folder by one os.replace
+#      (its previous version kept as old/<path>, a hard link, until every rename is done);
+#   4. remove the stage, its mark last.
 # A failure puts the previous files back and removes the stage. Stop signals wait for the whole write, so
 # only a SIGKILL leaves a stage behind. A later write into that folder (or into a folder just below it)
-# removes such a stage, and only it: nothing that was published is moved, and one line says so.
+# removes such a stage, and only it: what was published is never moved or removed, and one line says so.
 
 
 def _process_alive(pid):
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (OSError, OverflowError, ValueError):  # PermissionError: alive, another user's
-        return True
+    except (OSError, OverflowError):  # PermissionError: alive, another user's
+        pass
     return True
 
 
@@ -409,21 +393,15 @@ def _remove_tree(path):
     recursion (a staged path may be nested deeper than Python's recursion limit)."""
     stack = [path]
     while stack:
-        folder = stack[-1]
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            stack.pop()
-            continue
-        subfolders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        entries = list(os.scandir(stack[-1]))
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False):
                 os.unlink(entry.path)
+        subfolders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
         if subfolders:
             stack.extend(subfolders)
         else:
-            os.rmdir(folder)
-            stack.pop()
+            os.rmdir(stack.pop())
 
 
 def _make_parents(path):
@@ -437,7 +415,6 @@ def _make_parents(path):
 
 
 def _remove_stage(stage, token):
-    """Remove a stage, its mark (the file <token>) last, so that a stage cut short here is empty or marked."""
     for entry in os.scandir(stage):
         if entry.name != token:
             (_remove_tree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
@@ -447,24 +424,19 @@ def _remove_stage(stage, token):
 
 
 def _remove_dead_stages(folder):
-    """Remove the stages that runs killed by SIGKILL left in `folder`: named .rl-lab-tmp-<pid>-<token> with
-    a pid no process has now, and marked by their <token> file (or empty). Anything else is left, and said."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        match = _TEMPORARY_NAME.match(name)
-        path = os.path.join(folder, name)
+    """Remove the stages that runs killed by SIGKILL left in `folder`: named for a pid that no process has
+    now, and marked (or empty). Anything else named like a stage is left, and said."""
+    for name in os.listdir(folder):
+        match, path = _TEMPORARY_NAME.match(name), os.path.join(folder, name)
         if not match or _process_alive(int(match.group(1))) or os.path.islink(path) or not os.path.isdir(path):
             continue
         try:
-            if os.path.isfile(os.path.join(path, match.group(2))):
-                _remove_stage(path, match.group(2))
-                _say(f"{_program()}: note: removed {path!r}, what a run killed while writing (pid "
-                     f"{match.group(1)}) left; files it had already published stay as they are")
-            else:
-                os.rmdir(path)  # an empty folder holds nothing; a full one without the mark is not the lab's
+            if not os.path.isfile(os.path.join(path, match.group(2))):
+                os.rmdir(path)  # empty, it holds nothing; full and unmarked, it is not the lab's: OSError
+                continue
+            _remove_stage(path, match.group(2))
+            _say(f"{_program()}: note: removed {path!r}, left by a run killed while writing (pid "
+                 f"{match.group(1)}); the files it had published stay as they are")
         except OSError:
             _say(f"{_program()}: note: left {path!r} as it is: named like a stage of the lab, but not one")
 
@@ -474,18 +446,17 @@ def _entries(anchor, targets):
     entries = {}
     for target in targets:
         parts = os.path.relpath(target, anchor).split(os.sep)
-        for depth in range(1, len(parts) + 1):
+        for depth in range(1, len(parts)):
             path = os.path.join(anchor, *parts[:depth])
-            if depth == len(parts):
-                problem = _target_problem(os.path.dirname(path), parts[-1])
-                if problem:
-                    raise WriteFailed(problem)
-            elif not os.path.lexists(path):
+            if not os.path.lexists(path):
                 entries.setdefault(os.path.join(*parts[:depth]), True)  # a new folder, published whole
                 break
-            elif not os.path.isdir(path):
+            if not os.path.isdir(path):
                 raise WriteFailed(f"cannot write {target!r}: {path!r} is not a folder")
         else:
+            problem = _target_problem(os.path.dirname(target), parts[-1])
+            if problem:
+                raise WriteFailed(problem)
             entries.setdefault(os.path.join(*parts), False)
     return list(entries.items())
 
@@ -495,34 +466,13 @@ def _locked(folders):
     """An exclusive lock (flock) on each folder, taken in sorted order so that two runs cannot each hold
     one the other waits for. Released when the block ends, or when the process dies. A folder that
     cannot be opened or locked (no read permission, a filesystem without flock) stays unlocked."""
-    descriptors = []
-    try:
+    with contextlib.ExitStack() as descriptors:
         for folder in sorted(set(folders)):
-            try:
-                descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            except OSError:
-                continue
-            descriptors.append(descriptor)
-            if fcntl is not None:
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for another run's write to end
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                descriptors.callback(os.close, descriptor)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for another run's write to end
         yield
-    finally:
-        for descriptor in descriptors:
-            os.close(descriptor)
-
-
-def _write_one(path, data):
-    _make_parents(path)
-    # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
-    if isinstance(data, bytes):
-        with open(path, "xb") as handle:
-            handle.write(data)
-    else:
-        with open(path, "x", encoding="utf-8", newline="\n") as handle:
-            handle.write(data)
 
 
 def _stage_and_publish(anchor, targets, entries):
@@ -534,12 +484,15 @@ def _stage_and_publish(anchor, targets, entries):
         raise WriteFailed(f"cannot write into {anchor!r}: {error.strerror or error}") from None
     published = []  # (path relative to the anchor, its previous version or None), to put back on a failure
     try:
-        staged = [(os.path.join(stage, token), stage, "")] + [  # (where, the name an error gives, data): mark first
+        staged = [(os.path.join(stage, token), stage, "")] + [  # (where, the name an error gives, data)
             (os.path.join(stage, "new", os.path.relpath(target, anchor)), target, data)
             for target, data in targets.items()]
         for path, target, data in staged:
             try:
-                _write_one(path, data)
+                _make_parents(path)
+                # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
+                with open(path, "xb") as handle:
+                    handle.write(data if isinstance(data, bytes) else bytes(data, "utf-8"))
             except OSError as error:
                 raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
         for relative, is_folder in entries:
@@ -571,8 +524,7 @@ def _stage_and_publish(anchor, targets, entries):
 
 
 def write_files(files):
-    """Write {path: text} (str as UTF-8 with '\\n' line ends, or bytes as they are) all or nothing, and
-    create the missing folders.
+    """Write {path: text} (str as UTF-8, or bytes as they are) all or nothing, and create the missing folders.
 
     Raises WriteFailed naming the file (a full disk, a read-only folder, a target that turned into a
     link or device since the check); then every file is as it was before the call, and no folder or
@@ -585,12 +537,12 @@ def write_files(files):
     for path, data in files.items():
         if os.path.basename(path) in ("", os.curdir, os.pardir):
             raise WriteFailed(f"cannot write {path!r}: not a file name")
-        targets[_target_path(path)] = data
-    for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
+        target = _target_path(path)
         longest = _longest_path(_nearest_existing(os.path.dirname(target)))
-        if len(os.fsencode(target)) > longest:
+        if len(os.fsencode(target)) > longest:  # refused before anything is made: 2,100 levels fail deep down
             raise WriteFailed(f"cannot write {target[:40]!r}...: the path is {len(os.fsencode(target))} bytes long; "
                               f"at most {longest} bytes can be written here")
+        targets[target] = data
     base = os.path.commonpath([os.path.dirname(target) for target in targets])
     while True:
         anchor = _nearest_existing(base)
@@ -599,7 +551,8 @@ def write_files(files):
             with HeldSignals():
                 if _nearest_existing(base) == anchor and _entries(anchor, targets) == entries:
                     for folder in dict.fromkeys([anchor, os.path.dirname(anchor)]):  # where a killed run staged
-                        _remove_dead_stages(folder)
+                        with contextlib.suppress(OSError):
+                            _remove_dead_stages(folder)
                     _stage_and_publish(anchor, targets, entries)
                     return
         # another run created a folder of the path meanwhile: plan again
@@ -635,11 +588,9 @@ def _program():
 
 
 def _say(text):
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
         sys.stderr.write(one_line(text) + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
-        pass
 
 
 def _settle_stdout():
@@ -653,11 +604,13 @@ def _settle_stdout():
         sys.stdout.flush()
         return None
     except (OSError, ValueError) as error:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        _stdout_to_null()
         return error
+
+
+def _stdout_to_null():
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: stdout closed (None)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _out_of_memory(error):
@@ -689,10 +642,7 @@ class Progress:
             self.closed = True
             if isinstance(error, OSError) and not isinstance(error, BrokenPipeError):
                 _lost_stdout.append(error)
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
+            _stdout_to_null()
 
 
 def run_cli(main_function):
@@ -718,10 +668,8 @@ def run_cli(main_function):
     finally:
         sys.unraisablehook = previous_unraisablehook
         for signum, handler in previous_handlers.items():
-            if handler is _exit_at_once:  # run_cli ran a program started by lab_start, not an in-process call
-                # the program's run has ended, its files written and its lines printed: a stop signal now
-                # changes nothing, so it is ignored (a handler that raises would print a traceback from the
-                # interpreter's shutdown, and the default action would kill it without a word)
+            if handler is _exit_at_once:  # a program started by lab_start, whose run has ended: a stop signal
+                # now changes nothing (the default action would kill it without a word, at the interpreter's exit)
                 signal.signal(signum, signal.SIG_IGN)
             else:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
                 signal.signal(signum, handler)
@@ -729,10 +677,8 @@ def run_cli(main_function):
 
 def _run(main_function):
     for stream in (sys.stdout, sys.stderr):
-        try:  # (a closed stream is None: AttributeError)
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # (a closed stream is None: AttributeError)
             stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError, OSError):
-            pass
     program = _program()
     try:
         try:  # the handlers are installed inside the try, so that a stop signal from the first moment is caught
