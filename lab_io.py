@@ -415,7 +415,8 @@ def _make_parents(path):
 
 
 def _remove_stage(stage, token):
-    for entry in os.scandir(stage):
+    """Remove a stage, its mark last: a removal cut short leaves it marked, or empty."""
+    for entry in list(os.scandir(stage)):
         if entry.name != token:
             (_remove_tree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
     with contextlib.suppress(FileNotFoundError):
@@ -438,7 +439,8 @@ def _remove_dead_stages(folder):
             _say(f"{_program()}: note: removed {path!r}, left by a run killed while writing (pid "
                  f"{match.group(1)}); the files it had published stay as they are")
         except OSError:
-            _say(f"{_program()}: note: left {path!r} as it is: named like a stage of the lab, but not one")
+            _say(f"{_program()}: note: left {path!r} as it is: named like a stage of the lab, but not one it can "
+                 "remove")
 
 
 def _entries(anchor, targets):
