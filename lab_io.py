@@ -136,18 +136,17 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 # ---------------------------------------------------------------------------------------------
 # Python runs a signal's handler in the main thread, whichever thread the kernel delivered it to (torch
 # starts threads of its own), so the handler itself decides: raise now, or, inside a HeldSignals
-# block of the main thread, remember the signal and raise it when the block ends. Only the first stop
-# signal counts: a second one while the first is handled, or any after main() has ended, changes nothing.
+# block of the main thread, remember the signal and raise it when the block ends. Once main() has ended
+# (a stop being reported, or the run done), a stop signal changes nothing.
 # Where Python drops an exception (a weakref callback such as the import lock's, run while torch imports
 # lazily; a __del__), the stop is sent again from a thread, to be raised once the callback has returned.
 
 _held = threading.local()  # .depth: HeldSignals blocks open in this thread; .pending: the signal waiting
 _program_pid = os.getpid()  # the process whose run_cli installed the handlers (set again by run_cli)
-_stopping = []  # the stop signal being raised; None once run_cli's main() has ended (set again by run_cli)
+_main_ended = False  # True once run_cli's main() has returned or raised (set again by run_cli)
 
 
 def _stop(signum):
-    _stopping.append(signum)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
@@ -172,7 +171,7 @@ def _on_stop_signal(signum, frame):
         return
     if _in_unraisable_hook(frame):  # raised here, it would be dropped too
         _send_again(signum)
-    elif _stopping:
+    elif _main_ended:
         return
     elif getattr(_held, "depth", 0):
         _held.pending = signum
@@ -182,8 +181,9 @@ def _on_stop_signal(signum, frame):
 
 def _on_unraisable(unraisable):
     """run_cli's sys.unraisablehook: a stop signal's exception that Python dropped is raised again."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _stopping and _stopping[-1] is not None:
-        _send_again(_stopping.pop())
+    error = unraisable.exc_value
+    if isinstance(error, KeyboardInterrupt) and not _main_ended:
+        _send_again(error.signum if isinstance(error, Terminated) else signal.SIGINT)
     else:
         sys.__unraisablehook__(unraisable)
 
@@ -660,9 +660,8 @@ def run_cli(main_function):
       the traceback).
     stdout and stderr replace what they cannot encode (an odd file name) instead of failing.
     """
-    global _program_pid
-    _program_pid = os.getpid()
-    _stopping.clear()
+    global _program_pid, _main_ended
+    _program_pid, _main_ended = os.getpid(), False
     previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
     previous_unraisablehook = sys.unraisablehook
     try:
@@ -678,6 +677,7 @@ def run_cli(main_function):
 
 
 def _run(main_function):
+    global _main_ended
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):  # (a closed stream is None: AttributeError)
             stream.reconfigure(errors="backslashreplace")
@@ -691,7 +691,7 @@ def _run(main_function):
         except SystemExit as exit_:  # argparse's exits: --help (0) and a bad flag (2)
             status = exit_.code
         finally:
-            _stopping.append(None)  # main() has ended: a stop signal from now on changes nothing
+            _main_ended = True  # a stop signal from now on changes nothing
         error = _settle_stdout()
         if error is None:
             return status
