@@ -4,9 +4,10 @@
 
 Each class guards one cause: outputs that must not be replaced (and paths resolved as the kernel
 resolves them), files written all or nothing (a full disk, a failed rename, Ctrl-C or SIGTERM in the
-middle, a stop signal between two renames, a killed run undone by the next), no folder left by a failed
-write, runs into one output one after the other, run_cli's one line for every failure, and a Ctrl-C
-while torch is still loading (the one fresh process here).
+middle, a stop signal between two renames), no folder left by a failed write, a run killed (SIGKILL) at
+every step of its write that costs the user nothing, runs into one output one after the other, run_cli's
+one line for every failure, stop signals at the moments Python would drop or repeat them, the workers
+of a killed experiments.py, and what needs a fresh process (a Ctrl-C while torch is still loading).
 """
 
 import builtins
