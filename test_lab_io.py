@@ -359,10 +359,15 @@ def killed_at(step, files):
                     patches.enter_context(mock.patch.object(os, name, before(getattr(os, name))))
                 patches.enter_context(mock.patch("builtins.open", before(builtins.open)))
                 lab_io.write_files(files)
-        finally:
-            os._exit(0)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
     _, status = os.waitpid(child, 0)
-    return os.WIFSIGNALED(status)
+    if os.WIFSIGNALED(status):
+        return True
+    if os.WEXITSTATUS(status) != 0:
+        raise AssertionError("the write failed in the child")
+    return False
 
 
 class KilledRuns(unittest.TestCase):
@@ -446,7 +451,7 @@ class KilledRuns(unittest.TestCase):
                 "exp1/ppo.csv": "rerun\n", "exp1/ppo.json": "rerun\n", "exp1/notes.txt": "the user's notes\n",
                 "fig.svg": "<svg/>\n"})
 
-        self.kill_at_every_step(run, then)
+        self.assertGreaterEqual(self.kill_at_every_step(run, then), 8)
 
     def test_a_killed_sft_write_then_a_rerun_keeps_the_cache_it_loaded(self):
         # sft.py writes a new cache folder and the evaluation together; the rerun loads the cache the killed
@@ -461,7 +466,7 @@ class KilledRuns(unittest.TestCase):
             self.assertEqual(contents(self.path("runs", "sft-key")), cache)
             self.assertIn(cache, ({}, {"model.pt": "weights\n", "config.json": "{}\n"}))  # all or nothing
 
-        self.kill_at_every_step(run, then)
+        self.assertGreaterEqual(self.kill_at_every_step(run, then), 8)
 
     def test_what_is_not_the_stage_of_a_dead_run_is_left(self):
         prefix = lab_io.TEMPORARY_PREFIX
