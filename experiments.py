@@ -71,6 +71,7 @@ from lab_io import (  # noqa: E402
     output_file_or_exit,
     output_folder_or_exit,
     run_cli,
+    separate_outputs_or_exit,
     write_files,
 )
 
@@ -1844,9 +1845,13 @@ def _run_job(job):
     return index, time.perf_counter() - started, result
 
 
-def _worker(connection):
+def _worker(connection, main_ends=()):
     """A worker process: run each job the main process sends, answer (True, result) or (False, the
-    exception); stop at None, or when the main process is gone (its end of the pipe closed)."""
+    exception); stop at None, or when the main process is gone (its end of the pipe closed). `main_ends`:
+    the main process's ends of the pipes, which a forked worker holds too and closes, or it would never
+    see the main process's end closed."""
+    for end in main_ends:
+        end.close()
     _worker_signals()
     while True:
         try:
@@ -1903,7 +1908,7 @@ def _results_from_workers(all_jobs, jobs_count):
     try:
         for _ in range(min(jobs_count, len(all_jobs))):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_worker, args=(theirs,), daemon=True)
+            process = context.Process(target=_worker, args=(theirs, [*workers, ours]), daemon=True)
             process.start()
             theirs.close()  # the worker's end lives in the worker only, so its death reads as end-of-file
             workers[ours] = process
@@ -2302,6 +2307,7 @@ def main(argv=None):
     output_folder_or_exit(parser, args.output)
     if args.timings is not None:
         output_file_or_exit(parser, args.timings, flag="--timings")
+        separate_outputs_or_exit(parser, {"--timings": args.timings, "--output": args.output})
     for name in names:  # every experiment's folder, before any run
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
     if args.quick:

@@ -7,12 +7,9 @@ plotter uses it too.
   written, or must not be replaced, is refused before any work: a path that is not a folder, a
   folder where a file goes, a link, device or pipe where a file goes, a name or a path too long, a
   folder without write permission, another user's file in a sticky folder. Nothing is left by a check.
-- `write_files`: a run's files are written all or nothing. They are staged in one fresh folder,
-  `.rl-lab-tmp-<pid>-<hex>`, inside the nearest existing folder of the output, then published by
-  renames: a new folder with one rename, each file of an existing folder by one rename whose previous
-  version stays in the stage until every rename is done. Any failure puts every previous file back and
-  removes the stage; a run killed in between (SIGKILL) is undone by the next write there. Runs into one
-  output wait for each other (a lock on the folder); a file the run does not write is never touched.
+- `write_files`: a run's files are written all or nothing: staged in one fresh folder beside the
+  output, then published by renames (a new folder by one rename). Runs into one output wait for each
+  other; a file the run does not write is never touched, and nothing is ever deleted but the stage.
 - `HeldSignals`: Ctrl-C, SIGTERM and SIGHUP wait until a block ends (the writes use it).
 - `run_cli`: runs a program's main() as a process: every failure ends with one line on stderr and
   a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM, out
@@ -22,9 +19,12 @@ plotter uses it too.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import csv
+import errno
+import fcntl
 import io
 import json
 import math
@@ -36,25 +36,17 @@ import sys
 import threading
 import uuid
 
-try:
-    import fcntl  # the lock that serializes runs into one output; absent on Windows
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-
 from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
 
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
-_TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-[0-9a-f]{12}\Z")
-_JOURNAL = "publishing.json"  # in a stage: the entries being published; removed once all of them are
+_TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-([0-9a-f]{12})\Z")  # a stage: <pid>-<token>
 # the longest a stage adds to a target's path: "/.rl-lab-tmp-<pid up to 10 digits>-<12 hex>/new"
 STAGE_OVERHEAD = len("/" + TEMPORARY_PREFIX) + 10 + 1 + 12 + len("/new")
 _INTEGER_SYNTAX = re.compile(r"-?[0-9]+", re.ASCII)
 _FLOAT_SYNTAX = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", re.ASCII)
-# the signals a user or a process manager sends to stop a program; SIGHUP is absent on Windows
-_STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what a user or a process manager sends to stop
 TRACEBACK_VARIABLE = "RL_LAB_TRACEBACK"
+_FULL_STREAM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)  # print() failing: the stream's device
 
 
 class WriteFailed(OSError):
@@ -144,16 +136,30 @@ def float_flag(low, high, *, low_open=False, high_open=False):
 # ---------------------------------------------------------------------------------------------
 # Python runs a signal's handler in the main thread, whichever thread the kernel delivered it to (torch
 # starts threads of its own), so the handler itself decides: raise now, or, inside a HeldSignals
-# block of the main thread, remember the signal and raise it when the block ends.
+# block of the main thread, remember the signal and raise it when the block ends. Once main() has ended
+# (a stop being reported, or the run done), a stop signal changes nothing.
+# Where Python drops an exception (a weakref callback such as the import lock's, run while torch imports
+# lazily; a __del__), the stop is sent again from a thread, to be raised once the callback has returned.
 
 _held = threading.local()  # .depth: HeldSignals blocks open in this thread; .pending: the signal waiting
 _program_pid = os.getpid()  # the process whose run_cli installed the handlers (set again by run_cli)
+_main_ended = False  # True once run_cli's main() has returned or raised (set again by run_cli)
 
 
 def _stop(signum):
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
+
+
+def _send_again(signum):
+    _thread.start_new_thread(_thread.interrupt_main, (signum,))  # (threading.Thread would wait for it here)
+
+
+def _in_unraisable_hook(frame):
+    while frame is not None and frame.f_code is not _on_unraisable.__code__:
+        frame = frame.f_back
+    return frame is not None
 
 
 def _on_stop_signal(signum, frame):
@@ -163,10 +169,23 @@ def _on_stop_signal(signum, frame):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    if getattr(_held, "depth", 0):
-        _held.pending = signum
+    if _in_unraisable_hook(frame):  # raised here, it would be dropped too
+        _send_again(signum)
+    elif _main_ended:
         return
-    _stop(signum)
+    elif getattr(_held, "depth", 0):
+        _held.pending = signum
+    else:
+        _stop(signum)
+
+
+def _on_unraisable(unraisable):
+    """run_cli's sys.unraisablehook: a stop signal's exception that Python dropped is raised again."""
+    error = unraisable.exc_value
+    if isinstance(error, KeyboardInterrupt) and not _main_ended:
+        _send_again(error.signum if isinstance(error, Terminated) else signal.SIGINT)
+    else:
+        sys.__unraisablehook__(unraisable)
 
 
 class HeldSignals:
@@ -211,7 +230,7 @@ def _target_path(path):
 def _limit(folder, name, default):
     try:
         return os.pathconf(folder, name)
-    except (OSError, ValueError, AttributeError):  # AttributeError: no pathconf on Windows
+    except (OSError, ValueError):
         return default
 
 
@@ -223,11 +242,8 @@ def _longest_path(folder):
 
 def _sticky_refuses(folder, file_stat):
     """True when `folder` is sticky (like /tmp) and the file belongs to another user: rename fails there."""
-    if not hasattr(os, "geteuid") or os.geteuid() == 0:
-        return False
-    folder_stat = os.stat(folder)
-    euid = os.geteuid()
-    return bool(folder_stat.st_mode & stat.S_ISVTX) and file_stat.st_uid != euid and folder_stat.st_uid != euid
+    euid, folder_stat = os.geteuid(), os.stat(folder)
+    return euid != 0 and bool(folder_stat.st_mode & stat.S_ISVTX) and euid not in (file_stat.st_uid, folder_stat.st_uid)
 
 
 def _target_problem(folder, name):
@@ -252,20 +268,11 @@ def _probe_writable(folder):
     probe = os.path.join(folder, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
     with HeldSignals():  # a stop signal between creating the probe and removing it waits for the removal
         try:  # os.access says yes to root even where the filesystem refuses (e.g. /proc)
-            with open(probe, "x", encoding="utf-8"):
-                pass
+            os.mkdir(probe)  # a folder: if a SIGKILL leaves it, it is empty, and the next write removes it
         except OSError as error:
             return f"cannot write into {folder!r}: {error.strerror or error}"
-        finally:
-            if os.path.lexists(probe):
-                os.unlink(probe)
+        os.rmdir(probe)
     return None
-
-
-def _staging_part(path):
-    """The first part of `path` named like a stage (.rl-lab-tmp-<pid>-<hex>), or None. A write clears the
-    stages of runs that died from its folder, so an output inside one would be lost to the next run."""
-    return next((part for part in path.split(os.sep) if _TEMPORARY_NAME.match(part)), None)
 
 
 def output_folder_problem(path, filenames=()):
@@ -284,9 +291,6 @@ def output_folder_problem(path, filenames=()):
         if os.path.lexists(prefix) and not os.path.isdir(prefix):
             return f"{prefix!r} exists and is not a folder"
     folder = os.path.realpath(path)
-    staging = _staging_part(os.path.join(folder, *filenames))
-    if staging:
-        return f"{staging!r} is named like the lab's staging folders, which a later write removes: choose another name"
     existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         return f"{existing!r} is not a folder"
@@ -315,6 +319,17 @@ def output_file_problem(path):
     if os.path.isdir(path):
         return f"{path!r} is a folder, expected a file path"
     return output_folder_problem(os.path.dirname(path) or os.curdir, [os.path.basename(path)])
+
+
+def separate_outputs_or_exit(parser, outputs):
+    """Exit 2 with one line naming the flag when one output ({flag: path}) is another or lies inside it:
+    a run would replace, or collide with, its own files after all its work."""
+    resolved = {flag: os.path.realpath(path) for flag, path in outputs.items()}
+    for flag, path in resolved.items():
+        for other, folder in resolved.items():
+            if other != flag and os.path.commonpath([path, folder]) == folder:
+                parser.error(f"argument {flag}: {outputs[flag]!r} is inside {other} {outputs[other]!r}, where "
+                             "the run writes its own files")
 
 
 MAX_INPUT_BYTES = 64 * 2**20  # the lab's largest output is a few hundred KB; anything far larger is not one
@@ -352,26 +367,24 @@ def output_file_or_exit(parser, path, flag="--output"):
 # Writing a run's files, all or nothing
 # ---------------------------------------------------------------------------------------------
 # A write, under the lock of every folder it publishes into:
-#   1. undo what a killed run left in the anchor (the nearest existing folder of the outputs);
-#   2. stage every file in one fresh folder there, .rl-lab-tmp-<pid>-<hex>/new/<path from the anchor>;
-#   3. write the stage's journal: the entries to publish, each the topmost missing part of a target's
-#      path (a new folder goes whole, with everything under it) or a file of an existing folder;
-#   4. publish each entry by one rename; a file it replaces is first kept as stage/old/<path> (a hard
-#      link: the file never disappears);
-#   5. remove the journal (from then on the new files stay), then the stage.
-# A failure at any step undoes the published entries, last first, from the journal; so does the next
-# write into that anchor when a SIGKILL came in between. Stop signals wait for the whole write.
+#   1. make one fresh stage, .rl-lab-tmp-<pid>-<token>, in the nearest existing folder of the outputs (the
+#      anchor), and in it an empty file named <token>: the mark that says the folder is a stage;
+#   2. write every file into it, as new/<path from the anchor>;
+#   3. publish: a new folder whole with one rename, each file of an existing folder by one os.replace
+#      (its previous version kept as old/<path>, a hard link, until every rename is done);
+#   4. remove the stage, its mark last.
+# A failure puts the previous files back and removes the stage. Stop signals wait for the whole write, so
+# only a SIGKILL leaves a stage behind. A later write into that folder (or into a folder just below it)
+# removes such a stage, and only it: what was published is never moved or removed, and one line says so.
 
 
 def _process_alive(pid):
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (OSError, OverflowError, ValueError):  # PermissionError: alive, another user's
-        return True
+    except (OSError, OverflowError):  # PermissionError: alive, another user's
+        pass
     return True
 
 
@@ -380,21 +393,15 @@ def _remove_tree(path):
     recursion (a staged path may be nested deeper than Python's recursion limit)."""
     stack = [path]
     while stack:
-        folder = stack[-1]
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            stack.pop()
-            continue
-        subfolders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        entries = list(os.scandir(stack[-1]))
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False):
                 os.unlink(entry.path)
+        subfolders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
         if subfolders:
             stack.extend(subfolders)
         else:
-            os.rmdir(folder)
-            stack.pop()
+            os.rmdir(stack.pop())
 
 
 def _make_parents(path):
@@ -407,44 +414,33 @@ def _make_parents(path):
         os.mkdir(folder)
 
 
-def _undo(stage, anchor):
-    """Put back what the stage's journal lists, last entry first, then remove the stage: a replaced file
-    gets its previous version back (a no-op where it was not replaced yet: the two are one file), a file
-    or folder the run created goes back into the stage. Without a journal nothing was published."""
-    try:
-        with open(os.path.join(stage, _JOURNAL), encoding="utf-8") as handle:
-            published = json.load(handle)
-    except FileNotFoundError:  # publishing had not begun, or had finished
-        published = []
-    except ValueError:  # cut while being written: publishing had not begun
-        published = []
-    for relative in reversed(published if isinstance(published, list) else []):
-        target, old, new = (os.path.join(anchor, relative), os.path.join(stage, "old", relative),
-                            os.path.join(stage, "new", relative))
-        if os.path.lexists(old):
-            os.replace(old, target)
-        elif not os.path.lexists(new) and os.path.lexists(target):
-            os.replace(target, new)
-    _remove_tree(stage)
+def _remove_stage(stage, token):
+    """Remove a stage, its mark last: a removal cut short leaves it marked, or empty."""
+    for entry in list(os.scandir(stage)):
+        if entry.name != token:
+            (_remove_tree if entry.is_dir(follow_symlinks=False) else os.unlink)(entry.path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(stage, token))
+    os.rmdir(stage)
 
 
-def _undo_killed_runs(anchor):
-    """Undo the stages (and remove the probes) that processes no longer running left in `anchor`."""
-    try:
-        names = os.listdir(anchor)
-    except OSError:
-        return
-    for name in names:
-        match = _TEMPORARY_NAME.match(name)
-        if match and not _process_alive(int(match.group(1))):
-            path = os.path.join(anchor, name)
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    _undo(path, anchor)
-                else:
-                    os.unlink(path)
-            except OSError:  # left for a later write
-                pass
+def _remove_dead_stages(folder):
+    """Remove the stages that runs killed by SIGKILL left in `folder`: named for a pid that no process has
+    now, and marked (or empty). Anything else named like a stage is left, and said."""
+    for name in os.listdir(folder):
+        match, path = _TEMPORARY_NAME.match(name), os.path.join(folder, name)
+        if not match or _process_alive(int(match.group(1))) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        try:
+            if not os.path.isfile(os.path.join(path, match.group(2))):
+                os.rmdir(path)  # empty, it holds nothing; full and unmarked, it is not the lab's: OSError
+                continue
+            _remove_stage(path, match.group(2))
+            _say(f"{_program()}: note: removed {path!r}, left by a run killed while writing (pid "
+                 f"{match.group(1)}); the files it had published stay as they are")
+        except OSError:
+            _say(f"{_program()}: note: left {path!r} as it is: named like a stage of the lab, but not one it can "
+                 "remove")
 
 
 def _entries(anchor, targets):
@@ -452,18 +448,17 @@ def _entries(anchor, targets):
     entries = {}
     for target in targets:
         parts = os.path.relpath(target, anchor).split(os.sep)
-        for depth in range(1, len(parts) + 1):
+        for depth in range(1, len(parts)):
             path = os.path.join(anchor, *parts[:depth])
-            if depth == len(parts):
-                problem = _target_problem(os.path.dirname(path), parts[-1])
-                if problem:
-                    raise WriteFailed(problem)
-            elif not os.path.lexists(path):
+            if not os.path.lexists(path):
                 entries.setdefault(os.path.join(*parts[:depth]), True)  # a new folder, published whole
                 break
-            elif not os.path.isdir(path):
+            if not os.path.isdir(path):
                 raise WriteFailed(f"cannot write {target!r}: {path!r} is not a folder")
         else:
+            problem = _target_problem(os.path.dirname(target), parts[-1])
+            if problem:
+                raise WriteFailed(problem)
             entries.setdefault(os.path.join(*parts), False)
     return list(entries.items())
 
@@ -473,49 +468,37 @@ def _locked(folders):
     """An exclusive lock (flock) on each folder, taken in sorted order so that two runs cannot each hold
     one the other waits for. Released when the block ends, or when the process dies. A folder that
     cannot be opened or locked (no read permission, a filesystem without flock) stays unlocked."""
-    descriptors = []
-    try:
+    with contextlib.ExitStack() as descriptors:
         for folder in sorted(set(folders)):
-            try:
-                descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            except OSError:
-                continue
-            descriptors.append(descriptor)
-            if fcntl is not None:
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for another run's write to end
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+                descriptors.callback(os.close, descriptor)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)  # waits for another run's write to end
         yield
-    finally:
-        for descriptor in descriptors:
-            os.close(descriptor)
 
 
 def _stage_and_publish(anchor, targets, entries):
-    stage = os.path.join(anchor, f"{TEMPORARY_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    token = uuid.uuid4().hex[:12]
+    stage = os.path.join(anchor, f"{TEMPORARY_PREFIX}{os.getpid()}-{token}")
     try:
         os.mkdir(stage)
     except OSError as error:
         raise WriteFailed(f"cannot write into {anchor!r}: {error.strerror or error}") from None
+    published = []  # (path relative to the anchor, its previous version or None), to put back on a failure
     try:
-        for target, data in targets.items():
-            staged = os.path.join(stage, "new", os.path.relpath(target, anchor))
+        staged = [(os.path.join(stage, token), stage, "")] + [  # (where, the name an error gives, data)
+            (os.path.join(stage, "new", os.path.relpath(target, anchor)), target, data)
+            for target, data in targets.items()]
+        for path, target, data in staged:
             try:
-                _make_parents(staged)
+                _make_parents(path)
                 # "x", not mkstemp (whose 0600 mode would survive the rename): the umask applies
-                if isinstance(data, bytes):
-                    with open(staged, "xb") as handle:
-                        handle.write(data)
-                else:
-                    with open(staged, "x", encoding="utf-8", newline="\n") as handle:
-                        handle.write(data)
+                with open(path, "xb") as handle:
+                    handle.write(data if isinstance(data, bytes) else bytes(data, "utf-8"))
             except OSError as error:
                 raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
-        with open(os.path.join(stage, _JOURNAL), "x", encoding="utf-8") as handle:
-            handle.write(json.dumps([relative for relative, _ in entries]))
         for relative, is_folder in entries:
-            target = os.path.join(anchor, relative)
+            target, old = os.path.join(anchor, relative), None
             try:
                 if not is_folder and os.path.lexists(target):  # the previous file: kept until all are renamed
                     old = os.path.join(stage, "old", relative)
@@ -524,25 +507,26 @@ def _stage_and_publish(anchor, targets, entries):
                         os.link(target, old)
                     except OSError:  # a filesystem without hard links: moved aside for a moment instead
                         os.replace(target, old)
+                published.append((relative, old))
                 os.replace(os.path.join(stage, "new", relative), target)
             except OSError as error:
                 raise WriteFailed(f"cannot write {target!r}: {error.strerror or error}") from None
-        os.unlink(os.path.join(stage, _JOURNAL))  # every entry is in place: the run's files stay
     except BaseException:
-        try:
-            _undo(stage, anchor)
-        except OSError:  # the journal stays: the next write into this folder finishes the undo
-            pass
+        with contextlib.suppress(OSError):  # what cannot be put back stays in the stage, for the user to see
+            for relative, old in reversed(published):
+                target, new = os.path.join(anchor, relative), os.path.join(stage, "new", relative)
+                if old is not None:
+                    os.replace(old, target)
+                elif not os.path.lexists(new):  # this run created it: back into the stage
+                    os.replace(target, new)
+            _remove_stage(stage, token)
         raise
-    try:
-        _remove_tree(stage)
-    except OSError:  # only the previous versions are left; the next write there removes them
-        pass
+    with contextlib.suppress(OSError):  # only the previous versions are left; the next write there removes them
+        _remove_stage(stage, token)
 
 
 def write_files(files):
-    """Write {path: text} (str as UTF-8 with '\\n' line ends, or bytes as they are) all or nothing, and
-    create the missing folders.
+    """Write {path: text} (str as UTF-8, or bytes as they are) all or nothing, and create the missing folders.
 
     Raises WriteFailed naming the file (a full disk, a read-only folder, a target that turned into a
     link or device since the check); then every file is as it was before the call, and no folder or
@@ -556,26 +540,24 @@ def write_files(files):
         if os.path.basename(path) in ("", os.curdir, os.pardir):
             raise WriteFailed(f"cannot write {path!r}: not a file name")
         target = _target_path(path)
-        if _staging_part(target):
-            raise WriteFailed(f"cannot write {path!r}: {_staging_part(target)!r} is named like the lab's staging "
-                              "folders, which a later write removes")
-        targets[target] = data
-    for target in targets:  # refused before anything is created (a 2,100-level path would fail deep down)
         longest = _longest_path(_nearest_existing(os.path.dirname(target)))
-        if len(os.fsencode(target)) > longest:
+        if len(os.fsencode(target)) > longest:  # refused before anything is made: 2,100 levels fail deep down
             raise WriteFailed(f"cannot write {target[:40]!r}...: the path is {len(os.fsencode(target))} bytes long; "
                               f"at most {longest} bytes can be written here")
+        targets[target] = data
     base = os.path.commonpath([os.path.dirname(target) for target in targets])
     while True:
         anchor = _nearest_existing(base)
         entries = _entries(anchor, targets)
         with _locked([anchor] + [os.path.dirname(os.path.join(anchor, relative)) for relative, _ in entries]):
             with HeldSignals():
-                _undo_killed_runs(anchor)
                 if _nearest_existing(base) == anchor and _entries(anchor, targets) == entries:
+                    for folder in dict.fromkeys([anchor, os.path.dirname(anchor)]):  # where a killed run staged
+                        with contextlib.suppress(OSError):
+                            _remove_dead_stages(folder)
                     _stage_and_publish(anchor, targets, entries)
                     return
-        # another run created a folder of the path meanwhile (or a killed run's was undone): plan again
+        # another run created a folder of the path meanwhile: plan again
 
 
 def write_text_atomic(path, text):
@@ -608,11 +590,9 @@ def _program():
 
 
 def _say(text):
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
         sys.stderr.write(one_line(text) + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):  # AttributeError: stderr closed (None)
-        pass
 
 
 def _settle_stdout():
@@ -626,17 +606,21 @@ def _settle_stdout():
         sys.stdout.flush()
         return None
     except (OSError, ValueError) as error:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        _stdout_to_null()
         return error
 
 
+def _stdout_to_null():
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # AttributeError: stdout closed (None)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _out_of_memory(error):
-    """MemoryError, or torch's allocator failing (a RuntimeError, not a MemoryError)."""
+    """MemoryError, torch's allocator failing (a RuntimeError), or a compiled module that could not allocate
+    while torch imports lazily (a SystemError whose module set no exception)."""
     return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error)) or (
+        isinstance(error, SystemError) and "without exception set" in str(error))
 
 
 _lost_stdout = []  # the error that made Progress stop printing, other than a reader that went away
@@ -660,10 +644,7 @@ class Progress:
             self.closed = True
             if isinstance(error, OSError) and not isinstance(error, BrokenPipeError):
                 _lost_stdout.append(error)
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
+            _stdout_to_null()
 
 
 def run_cli(main_function):
@@ -679,36 +660,38 @@ def run_cli(main_function):
       the traceback).
     stdout and stderr replace what they cannot encode (an odd file name) instead of failing.
     """
-    global _program_pid
-    _program_pid = os.getpid()
+    global _program_pid, _main_ended
+    _program_pid, _main_ended = os.getpid(), False
     previous_handlers = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
-    for signum in _STOP_SIGNALS:
-        signal.signal(signum, _on_stop_signal)
+    previous_unraisablehook = sys.unraisablehook
     try:
         return _run(main_function)
     finally:
+        sys.unraisablehook = previous_unraisablehook
         for signum, handler in previous_handlers.items():
-            if handler is _exit_at_once:  # run_cli ran a program started by lab_start, not an in-process call
-                # the program's run has ended, its files written and its lines printed: a stop signal now
-                # changes nothing, so it is ignored (a handler that raises would print a traceback from the
-                # interpreter's shutdown, and the default action would kill it without a word)
+            if handler is _exit_at_once:  # a program started by lab_start, whose run has ended: a stop signal
+                # now changes nothing (the default action would kill it without a word, at the interpreter's exit)
                 signal.signal(signum, signal.SIG_IGN)
             else:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
                 signal.signal(signum, handler)
 
 
 def _run(main_function):
+    global _main_ended
     for stream in (sys.stdout, sys.stderr):
-        try:  # (a closed stream is None: AttributeError)
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # (a closed stream is None: AttributeError)
             stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError, OSError):
-            pass
     program = _program()
     try:
-        try:
+        try:  # the handlers are installed inside the try, so that a stop signal from the first moment is caught
+            sys.unraisablehook = _on_unraisable
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, _on_stop_signal)
             status = main_function()
         except SystemExit as exit_:  # argparse's exits: --help (0) and a bad flag (2)
             status = exit_.code
+        finally:
+            _main_ended = True  # a stop signal from now on changes nothing
         error = _settle_stdout()
         if error is None:
             return status
@@ -727,9 +710,9 @@ def _run(main_function):
              "so a folder holds all of this run's files or none of them")
         return 128 + signum
     except OSError as error:
-        stdout_error = _settle_stdout()
-        if stdout_error is not None and not isinstance(error, WriteFailed) and error.filename is None:
-            # print() itself failed (a full disk behind `> file`): say which file it was
+        _settle_stdout()
+        if not isinstance(error, WriteFailed) and error.filename is None and error.errno in _FULL_STREAM:
+            # print() itself failed (a full disk behind `> file`, /dev/full): the lab's own files are named
             _say(f"{program}: error: cannot write to standard output: {getattr(error, 'strerror', None) or error}")
             return 1
         reason = str(error) if isinstance(error, WriteFailed) else (

@@ -45,6 +45,7 @@ from lab_io import (  # noqa: E402
     output_file_or_exit,
     output_folder_or_exit,
     run_cli,
+    separate_outputs_or_exit,
     write_files,
 )
 from library_export import export_trl, export_verl  # noqa: E402
@@ -715,6 +716,7 @@ def main(argv=None):
     if sft_folder is not None:  # a transformer's SFT cache is written there when it is trained
         output_folder_or_exit(parser, os.path.dirname(sft_folder), flag="--sft-folder")
         output_folder_or_exit(parser, sft_folder, policies.SFT_FILES, flag="--sft-folder")
+        separate_outputs_or_exit(parser, {"--sft-folder": os.path.dirname(sft_folder), "--output": output})
     files, summaries, comparison, timings = {}, [], [], []
     for name in names:
         try:

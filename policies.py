@@ -59,6 +59,7 @@ def nucleus(probs, top_p):
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above each one
     keep_sorted = before < top_p
+    keep_sorted[..., 0] = True  # the most likely token always: a top_p below the dtype's smallest number reads as 0
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     return kept / kept.sum(dim=-1, keepdim=True)
@@ -73,7 +74,8 @@ def logps_of_tokens(logits, completion_ids):
 def entropies(logits):
     """(N, R) entropy in nats of each position's next-token distribution, from (N, R, V) logits."""
     logp = torch.log_softmax(logits, dim=-1)  # (N, R, V)
-    return -(logp.exp() * logp).sum(dim=-1)
+    probs = logp.exp()
+    return -torch.where(probs > 0, probs * logp, 0.0).sum(dim=-1)  # 0 log 0 = 0, also where logp is -inf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2396,8 +2396,9 @@ def _exact_metrics(logp, ref_logp, rewards):
     return {
         "expected_reward": (probs * rewards).sum(dim=-1).mean().item(),
         "best_action_probability": probs.gather(-1, best).mean().item(),
-        "entropy": -(probs * logp).sum(dim=-1).mean().item(),
-        "kl_reference": (probs * (logp - ref_logp)).sum(dim=-1).mean().item(),  # categorical_kl, from the tables
+        # 0 log 0 = 0: an action of probability 0 (a log-prob of -inf, from finite extreme logits) adds nothing
+        "entropy": -torch.where(probs > 0, probs * logp, 0.0).sum(dim=-1).mean().item(),
+        "kl_reference": torch.where(probs > 0, probs * (logp - ref_logp), 0.0).sum(dim=-1).mean().item(),
     }
 
 

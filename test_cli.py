@@ -43,6 +43,7 @@ class Program:
 
 
 PLOT_INPUT = os.path.join(HERE, "results-chain")
+MEMORY_FOLDER = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # a memory filesystem: quicker writes
 PROGRAMS = {
     "rl_lab.py": Program(rl_lab.main, rl_lab.build_parser, ["--steps", "2", "--output", "{out}"], "folder", [
         ("--steps", ["--steps", "0"]), ("--steps", ["--steps", "1.5"]), ("--steps", ["--steps", "ten"]),
@@ -163,7 +164,8 @@ class Contract(unittest.TestCase):
     def test_a_bad_flag_exits_2_with_one_line_naming_it_and_writes_nothing(self):
         for name, program in PROGRAMS.items():
             for flag, argv in program.bad:
-                with self.subTest(program=name, argv=argv), tempfile.TemporaryDirectory() as tmp:
+                with self.subTest(program=name, argv=argv), \
+                        tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
                     out = os.path.join(tmp, "never")
                     extra = ["--output", out] if program.output != "none" and "--output" not in argv else []
                     code, stdout, stderr = self.run_program(program, argv + extra)
@@ -177,7 +179,7 @@ class Contract(unittest.TestCase):
         for name, program in PROGRAMS.items():
             if not program.writes:
                 continue
-            with self.subTest(program=name), tempfile.TemporaryDirectory() as tmp:
+            with self.subTest(program=name), tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
                 if program.output == "folder":  # a file where the folder goes
                     taken = os.path.join(tmp, "taken")
                     with open(taken, "w", encoding="utf-8") as handle:
@@ -200,7 +202,7 @@ class Contract(unittest.TestCase):
         for name, program in PROGRAMS.items():
             if not program.writes:
                 continue
-            with self.subTest(program=name), tempfile.TemporaryDirectory() as tmp:
+            with self.subTest(program=name), tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
                 first, second = path_for(program, os.path.join(tmp, "a")), path_for(program, os.path.join(tmp, "b"))
                 for out in (first, second, first):  # two folders, then the first again over itself
                     code, _, stderr = self.run_program(program, [out if p == "{out}" else p for p in program.argv])
@@ -209,6 +211,25 @@ class Contract(unittest.TestCase):
                 self.assertGreater(len(written), 0)
                 self.assertEqual(written, snapshot(second))
                 self.assertEqual([name for name in os.listdir(os.path.dirname(first)) if name.startswith(".")], [])
+
+    def test_an_output_flag_pointing_into_the_runs_own_output_is_refused_before_any_work(self):
+        with tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
+            out = os.path.join(tmp, "out")
+            experiment = ["zero-variance", "--quick", "--seeds", "1", "--output", out, "--timings"]
+            cases = [
+                ("--timings", experiments.main, experiment + [os.path.join(out, "zero-variance", "settings.json")]),
+                ("--timings", experiments.main, experiment + [os.path.join(out, "zero-variance")]),  # a folder it makes
+                ("--sft-folder", online_tokens.main, ["--policy", "transformer", "--steps", "1", "--output", out,
+                                                      "--sft-folder", os.path.join(out, "online.json")]),
+            ]
+            for flag, main, argv in cases:
+                with self.subTest(argv=argv):
+                    code, stdout, stderr = run_main(main, argv)
+                    self.assertEqual((code, stdout), (2, ""))
+                    self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                    self.assertIn(f"argument {flag}: ", stderr)
+                    self.assertIn(f"is inside --output '{out}'", stderr)
+                    self.assertEqual(os.listdir(tmp), [])
 
     def test_help_shows_every_options_default(self):
         for name, program in PROGRAMS.items():

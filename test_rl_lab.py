@@ -766,6 +766,14 @@ class ExtremeInput(unittest.TestCase):
         float32 = rl_lab.evaluate(torch.zeros(4, 3))  # a float32 table is evaluated in its own dtype
         self.assertAlmostEqual(float32["expected_reward"], 0.7 / 3, places=6)
 
+    def test_evaluate_of_a_finite_extreme_table_counts_0_log_0_as_0(self):
+        # each row puts all its mass on action 0; the other two have log-prob -inf: entropy 0, KL ln 3
+        for dtype, big in ((torch.float64, 1.7e308), (torch.float32, 3.4e38), (torch.float16, 6e4)):
+            metrics = rl_lab.evaluate(torch.tensor([[big, 0.0, -big]] * 4, dtype=dtype))
+            self.assertEqual(metrics["entropy"], 0.0, dtype)
+            self.assertAlmostEqual(metrics["kl_reference"], math.log(3), delta=1e-3 if dtype == torch.float16 else 1e-6)
+            self.assertEqual(metrics["best_action_probability"], 0.5)  # action 0 is the best in 2 of the 4 contexts
+
 
 # ---------------------------------------------------------------------------------------------
 # The field's variants: the atoms added after the seed algorithms (clip-higher, dual-clip, RLOO, ...)

@@ -12,6 +12,7 @@ import unittest
 import torch
 import torch.nn.functional as F
 
+import policies
 from lab_testing import float64, single_thread_module
 from rl_lab import response_token_logps
 from tiny_lm import (
@@ -345,6 +346,23 @@ class Sampling(unittest.TestCase):
         tempered = tempered_log_probs(logits, 2.0).exp()  # p^(1/2), renormalized
         roots = t([0.5, 0.3, 0.2]).sqrt()
         self.assertLess(largest(tempered - roots / roots.sum()), TOL)
+
+    def test_a_top_p_below_the_dtypes_smallest_number_keeps_the_most_likely_token(self):
+        # in float32 1e-46 rounds to 0, and 1e-300 does in every dtype: no token would be kept, and NaN follows
+        for dtype, top_p in ((torch.float32, 1e-46), (torch.float64, 1e-300), (torch.bfloat16, 1e-300)):
+            logits = t([0.2, 0.5, 0.3]).log().to(dtype)
+            self.assertEqual(tempered_log_probs(logits, 1.0, top_p).tolist(), [-math.inf, 0.0, -math.inf], dtype)
+        out = generate(small_model(seed=3, dtype=torch.float32), *sampling_batch(4), 3, eos_id=EOS, pad_id=PAD,
+                       top_p=1e-46, generator=torch.Generator().manual_seed(0))
+        self.assertTrue(bool(torch.isfinite(out.log_probs).all()))  # greedy: log-prob 0 on every drawn token
+        self.assertEqual(out.log_probs.abs().max().item(), 0.0)
+        self.assertTrue(bool((out.sequences[:, 5:] != PAD).any()))
+
+    def test_the_table_policys_nucleus_and_entropy_hold_at_the_same_extremes(self):
+        self.assertEqual(policies.nucleus(torch.tensor([[0.2, 0.5, 0.3]]), 1e-46).tolist(), [[0.0, 1.0, 0.0]])
+        extreme = torch.tensor([[[1.7e308, 0.0, -1.7e308], [0.0, 0.0, 0.0]]], dtype=torch.float64)  # (1, 2, 3)
+        # 0 log 0 = 0
+        torch.testing.assert_close(policies.entropies(extreme), t([[0.0, math.log(3)]]), rtol=0, atol=TOL)
 
     def test_inverse_cdf_draws_each_token_with_its_probability_and_never_a_zero(self):
         log_probs = t([[0.2, 0.0, 0.5, 0.3]]).log()

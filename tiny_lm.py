@@ -424,7 +424,9 @@ def _tempered_log_probs(logits, temperature, top_p):
     sorted_logp, order = logp.sort(dim=-1, descending=True)  # (..., V), most likely first
     sorted_probs = sorted_logp.exp()
     before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above each one
-    keep = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before < top_p)  # back to vocab order
+    kept = before < top_p  # (..., V) in rank order
+    kept[..., 0] = True  # the most likely token always: a top_p below the dtype's smallest number reads as 0
+    keep = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, kept)  # back to vocab order
     return torch.log_softmax(logp.masked_fill(~keep, -math.inf), dim=-1)
 
 
