@@ -78,6 +78,12 @@ def clip_optimistic(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, 
     return torch.minimum(-ratio * advantages.detach(), -clipped * advantages.detach())  # min of the losses
 
 
+def clip_ratio_inverted(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
+    ratio = torch.exp(old_logp - logp)  # the mistake: the old policy over the new one
+    high = epsilon if epsilon_high is None else epsilon_high
+    return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - epsilon, 1 + high))
+
+
 def clip_old_not_detached(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
     ratio = (logp - old_logp).exp()
     high = epsilon if epsilon_high is None else epsilon_high
@@ -167,12 +173,13 @@ MISTAKES = [
     ("gae", gae_boundary_stops_bootstrap, "only `terminated` stops the bootstrap"),
     ("truncated_importance_weights", weights_inverted, "not the inverse"),
     ("clipped_policy_loss", clip_optimistic, "the pessimistic branch"),
+    ("clipped_policy_loss", clip_ratio_inverted, "not exp(old_logp - logp)"),
     ("clipped_policy_loss", clip_old_not_detached, "detach old_logp"),
     ("cispo_policy_loss", cispo_weight_not_detached, "detach the weight"),
     ("sequence_log_ratio", ratio_summed, "a mean, not a sum"),
     ("kl_k1", k1_reversed, "not the other way round"),
     ("kl_k2", k2_without_half, "the factor 1/2"),
-    ("kl_k3", k3_wrong_direction, "the other KL direction"),
+    ("kl_k3", k3_wrong_direction, "has a mean under pi that is no KL"),
     ("categorical_kl", kl_weighted_by_reference, "weight by the POLICY"),
     ("dpo_loss", dpo_log_of_sigmoid, "use F.logsigmoid"),
     ("group_advantages", group_sample_std, "POPULATION std"),
@@ -390,7 +397,7 @@ class Commands(unittest.TestCase):
         self.assertEqual(lines["kl_k1"], "kl_k1: passed (3 cases)")
         self.assertEqual(lines["kl_k2"], "kl_k2: passed (3 cases)")
         self.assertIn("kl_k3: failed case 1 of 4", lines["kl_k3"])
-        self.assertIn("the other KL direction", lines["kl_k3"])
+        self.assertIn("has a mean under pi that is no KL", lines["kl_k3"])
         self.assertEqual(lines["dpo_loss"], "dpo_loss: not started")
         self.assertEqual(lines["pass_at_k"], "pass_at_k: not started (no function of that name)")
         # an exception inside the learner's atom is a failing case naming it and the line, not a crash
