@@ -322,6 +322,13 @@ def task_of(settings):
     return settings.get("task_settings", settings)
 
 
+def difficulty_summary(settings, split):
+    """countdown.CountdownTask.difficulty_summary(split) of the task an online run's settings describe."""
+    countdown = importlib.import_module("countdown")
+    task = countdown.CountdownTask(countdown.CountdownConfig(**task_of(settings)["config"]))
+    return json.loads(json.dumps(task.difficulty_summary(split)), object_hook=Data)
+
+
 def pins(root, filename, *packages):
     """The pinned "name==version" lines of a requirements file for `packages`."""
     lines = read_text(root, filename).splitlines()
@@ -748,7 +755,8 @@ def namespace(root):
             "committed_rtol": lab_testing.COMMITTED_RTOL, "committed_atol": lab_testing.COMMITTED_ATOL,
         }),
         "table": table, "number": number, "numbers": numbers, "mean_of": mean_of,
-        "transpose": transpose, "change": change, "task_of": task_of, "escape": escape, "block": block, "code": code,
+        "transpose": transpose, "change": change, "task_of": task_of, "difficulty_summary": difficulty_summary,
+        "escape": escape, "block": block, "code": code,
         "flags": flags, "algorithm_flags": algorithm_flags, "applies_table": applies_table,
         "figure_kinds": figure_kinds, "library_table": library_table,
         "map_rows": map_rows, "library_options": library_options, "paper": paper,
