@@ -606,6 +606,15 @@ def applies_table():
 # ---------------------------------------------------------------------------------------------
 
 
+# what a reader of an atlas table needs to know about a metric to read its numbers, shown under the table
+METRIC_NOTES = {
+    "sampler_kl": "`sampler_kl` is a sampled estimate, not the exact KL(sampler || trainer): the k1 estimator, the "
+                  "mean of log p_sampler - log p_trainer over the tokens the sampler drew. Its terms have either "
+                  "sign, so the estimate of a KL this close to 0 can come out negative (k3, whose terms are never "
+                  "negative, is not what this column logs).",
+}
+
+
 class Experiment:
     """One folder of results-experiments/, read generically: its settings.json (claim, source, command,
     configurations, and the claims' verdicts where the folder has them) and its summary.md."""
@@ -643,6 +652,11 @@ class Experiment:
         if paragraphs and paragraphs[0].startswith("**"):
             paragraphs = paragraphs[1:]
         return "\n\n".join(part for part in paragraphs if part != self.settings.get("claim", "").strip())
+
+    def metric_notes(self):
+        """The METRIC_NOTES of the metrics this folder's table shows, each as a paragraph after the summary
+        ("" when it shows none)."""
+        return "".join(f"\n\n{METRIC_NOTES[name]}" for name in self.settings.get("metrics", []) if name in METRIC_NOTES)
 
     def configurations(self):
         rows = []
