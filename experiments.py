@@ -255,7 +255,9 @@ def check_claim(claim, by_seed):
             else:
                 verdict = NOISE
     count = f"{agree} of {seeds} seeds"
-    if claim.test == "count":
+    if seeds == 0:  # every seed left out (a target no run reached, as in a --quick run): nothing to count
+        needs = "a seed with a value, and none has one"
+    elif claim.test == "count":
         needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
     elif claim.test == "greater":
         needs = f"{required} of {seeds} above 0, interval above 0"

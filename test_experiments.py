@@ -190,6 +190,15 @@ class Verdicts(unittest.TestCase):
         verdict = self.verdict([0.1, None, 0.2, 0.15, 0.12], test="greater", at_least=0.8)
         self.assertEqual((verdict["seeds"], verdict["undefined"], verdict["verdict"]), (4, 1, "holds"))
         self.assertIn("1 left out", experiments.count_text(verdict))
+        self.assertEqual(verdict["needs"], "4 of 4 above 0, interval above 0")
+
+    def test_a_claim_no_seed_has_a_value_for_says_so_instead_of_needing_1_of_0(self):
+        for test, margin in (("greater", None), ("count", None), ("within", 0.1)):
+            with self.subTest(test=test):
+                verdict = self.verdict([None, None, None], test=test, margin=margin)
+                self.assertEqual((verdict["seeds"], verdict["undefined"]), (0, 3))
+                self.assertEqual(verdict["needs"], "a seed with a value, and none has one")
+                self.assertTrue(experiments.count_text(verdict).endswith("(3 left out: never reached)"))
 
     def test_an_exact_claim_and_the_atlas_table(self):
         exact = experiments.check_claim(experiments.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
