@@ -680,7 +680,8 @@ def summary_text(rows, report, seconds):
     else:
         before = {1: "", 2: "; group 1 ties, so its advantages are 0"}.get(
             index, f"; groups 1-{index - 1} tie, so their advantages are 0")
-        lines.append(f"  group {index} of {settings['prompts']} in the first batch, the first whose rewards vary{before}:")
+        lines.append(f"  group {index} of {settings['prompts']} in the first batch, the first whose rewards "
+                     f"vary{before}:")
     for item in group:
         advantage = f" advantage {item['advantage']:+.3f}" if "advantage" in item else ""
         lines.append(
