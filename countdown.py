@@ -375,6 +375,23 @@ class CountdownTask:
         """How many numbers the shortest correct response of `prompt` uses (2..numbers_per_prompt)."""
         return self._prompts[self._check_prompt("prompt", prompt)].difficulty
 
+    def difficulty_summary(self, split):
+        """Per difficulty of `split` ({"2": ..., keys as strings for JSON}): its prompts, their mean count of
+        correct responses, and how many ask for the sum of all the prompt's numbers. Such a target is
+        reached only by adding every number (any minus, any number left out gives less), so it has the
+        top difficulty and numbers_per_prompt! solutions, one per order: the difficulty counts numbers,
+        not how rare a correct response is. Raises ValueError naming `split`."""
+        members = self._split[self._check_split(split)].tolist()
+        summary = {}
+        for difficulty in self.difficulties():
+            mine = [self._prompts[p] for p in members if self._prompts[p].difficulty == difficulty]
+            summary[str(difficulty)] = {
+                "prompts": len(mine),
+                "mean_solutions": sum(prompt.end - prompt.first for prompt in mine) / len(mine) if mine else None,
+                "sum_of_all_numbers": sum(prompt.target == sum(self._sets[prompt.set_index]) for prompt in mine),
+            }
+        return summary
+
     # -- text -----------------------------------------------------------------------------------
 
     def decode(self, tokens):

@@ -256,7 +256,9 @@ def check_claim(claim, by_seed):
             else:
                 verdict = NOISE
     count = f"{agree} of {seeds} seeds"
-    if claim.test == "count":
+    if seeds == 0:  # every seed left out (a target no run reached, as in a --quick run): nothing to count
+        needs = "a seed with a value, and none has one"
+    elif claim.test == "count":
         needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
     elif claim.test == "greater":
         needs = f"{required} of {seeds} above 0, interval above 0"
@@ -1836,9 +1838,17 @@ def _worker_signals():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
+def _import_torch_lazy_modules():
+    """Build and drop one optimizer: a process's first one imports torch._dynamo and sympy (1-2 s, several
+    on a loaded machine), which would otherwise count as the run time of each process's first run."""
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+
 def _run_job(job):
-    """Worker entry: (experiment name, global index, label, seed, runner, options) -> (index, seconds, result)."""
+    """Worker entry: (experiment name, global index, label, seed, runner, options) -> (index, seconds, result);
+    seconds: the run alone, the process's one-time imports excluded."""
     name, index, label, seed, runner, options = job
+    _import_torch_lazy_modules()  # about a millisecond once they are imported
     started = time.perf_counter()
     with torch_threads(1):
         result = RUNNERS[runner](seed, **options)
@@ -2217,6 +2227,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     pending = {name: sum(1 for index in owner if owner[index] == name) for name in names}
     results, seconds_of = {}, dict.fromkeys(names, 0.0)
     total_cost, done_cost = sum(cost.values()), 0.0
+    _import_torch_lazy_modules()  # before the ETA's clock, and forked workers inherit them
     started = time.perf_counter()
     ordered = [all_jobs[index] for index in order]
     iterator = map(_run_job, ordered) if jobs_count == 1 else _results_from_workers(ordered, jobs_count)

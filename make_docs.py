@@ -322,6 +322,13 @@ def task_of(settings):
     return settings.get("task_settings", settings)
 
 
+def difficulty_summary(settings, split):
+    """countdown.CountdownTask.difficulty_summary(split) of the task an online run's settings describe."""
+    countdown = importlib.import_module("countdown")
+    task = countdown.CountdownTask(countdown.CountdownConfig(**task_of(settings)["config"]))
+    return json.loads(json.dumps(task.difficulty_summary(split)), object_hook=Data)
+
+
 def pins(root, filename, *packages):
     """The pinned "name==version" lines of a requirements file for `packages`."""
     lines = read_text(root, filename).splitlines()
@@ -599,6 +606,15 @@ def applies_table():
 # ---------------------------------------------------------------------------------------------
 
 
+# what a reader of an atlas table needs to know about a metric to read its numbers, shown under the table
+METRIC_NOTES = {
+    "sampler_kl": "`sampler_kl` is a sampled estimate, not the exact KL(sampler || trainer): the k1 estimator, the "
+                  "mean of log p_sampler - log p_trainer over the tokens the sampler drew. Its terms have either "
+                  "sign, so the estimate of a KL this close to 0 can come out negative (k3, whose terms are never "
+                  "negative, is not what this column logs).",
+}
+
+
 class Experiment:
     """One folder of results-experiments/, read generically: its settings.json (claim, source, command,
     configurations, and the claims' verdicts where the folder has them) and its summary.md."""
@@ -636,6 +652,11 @@ class Experiment:
         if paragraphs and paragraphs[0].startswith("**"):
             paragraphs = paragraphs[1:]
         return "\n\n".join(part for part in paragraphs if part != self.settings.get("claim", "").strip())
+
+    def metric_notes(self):
+        """The METRIC_NOTES of the metrics this folder's table shows, each as a paragraph after the summary
+        ("" when it shows none)."""
+        return "".join(f"\n\n{METRIC_NOTES[name]}" for name in self.settings.get("metrics", []) if name in METRIC_NOTES)
 
     def configurations(self):
         rows = []
@@ -748,7 +769,8 @@ def namespace(root):
             "committed_rtol": lab_testing.COMMITTED_RTOL, "committed_atol": lab_testing.COMMITTED_ATOL,
         }),
         "table": table, "number": number, "numbers": numbers, "mean_of": mean_of,
-        "transpose": transpose, "change": change, "task_of": task_of, "escape": escape, "block": block, "code": code,
+        "transpose": transpose, "change": change, "task_of": task_of, "difficulty_summary": difficulty_summary,
+        "escape": escape, "block": block, "code": code,
         "flags": flags, "algorithm_flags": algorithm_flags, "applies_table": applies_table,
         "figure_kinds": figure_kinds, "library_table": library_table,
         "map_rows": map_rows, "library_options": library_options, "paper": paper,

@@ -446,10 +446,14 @@ def sampler_mismatch(batch):
             "sampler_logp_diff_max": difference.abs().max().item(), "sampler_kl": difference.mean().item() + 0.0}
 
 
-def decode_batch(state, batch, batch_credit, groups=2):
-    """The first `groups` groups of a batch as readable text: prompt, response, reward, the credit."""
+def decode_batch(state, batch, batch_credit, teaching=2):
+    """A batch's groups in order, up to the `teaching`-th whose rewards vary (every group when fewer vary),
+    as readable text: prompt, response, reward, the credit. The groups before it tie: their advantages are
+    0, so an example of them alone would show nothing of the credit."""
+    varies = (~groups_tie(batch.rewards, state.cfg.group_size)).nonzero().flatten().tolist()  # (B,) -> group ids
+    groups = varies[teaching - 1] + 1 if len(varies) >= teaching else batch.prompts.shape[0] // state.cfg.group_size
     decoded = []
-    for row in range(min(groups * state.cfg.group_size, batch.prompts.shape[0])):
+    for row in range(groups * state.cfg.group_size):
         ids = batch.completion_ids[row][batch.real[row]].tolist()
         decoded.append({
             **state.task.describe(batch.prompts[row]),
@@ -644,8 +648,19 @@ def options_from(parser, args):
     return algorithm, options
 
 
+def first_teaching_group(first_batch, group_size):
+    """(1-based index, its responses) of the first group in `first_batch` (the JSON's decoded responses,
+    group after group) whose rewards vary; (None, the first group) when every group's rewards tie."""
+    groups = [first_batch[start:start + group_size] for start in range(0, len(first_batch), group_size)]
+    for index, group in enumerate(groups, start=1):
+        if len({item["reward"] for item in group}) > 1:
+            return index, group
+    return None, groups[0]
+
+
 def summary_text(rows, report, seconds):
-    """A few readable lines: start, end, the budget, and the first group of the first batch."""
+    """A few readable lines: start, end, the budget, and the first group of the first batch whose rewards
+    vary (an example of the credit; a tied group's advantages are all 0)."""
     first, last = rows[1], rows[-1]  # rows[0] is the initial evaluation: nothing sampled yet
     settings = report["settings"]
     lines = [
@@ -659,9 +674,16 @@ def summary_text(rows, report, seconds):
         f"{last['total_tokens_sampled']} tokens sampled in {sum(row['responses_sampled'] for row in rows)} responses",
         f"  training loop {seconds:.2f} s, {last['total_tokens_sampled'] / seconds:,.0f} tokens/s (sampling, scoring "
         "and updates; machine-dependent, so printed here and kept out of the files, which stay byte-identical)",
-        "  first group of the first batch:",
     ]
-    for item in report["first_batch"][: settings["group_size"]]:
+    index, group = first_teaching_group(report["first_batch"], settings["group_size"])
+    if index is None:
+        lines.append("  first group of the first batch (no group's rewards vary in it: every advantage is 0):")
+    else:
+        before = {1: "", 2: "; group 1 ties, so its advantages are 0"}.get(
+            index, f"; groups 1-{index - 1} tie, so their advantages are 0")
+        lines.append(f"  group {index} of {settings['prompts']} in the first batch, the first whose rewards "
+                     f"vary{before}:")
+    for item in group:
         advantage = f" advantage {item['advantage']:+.3f}" if "advantage" in item else ""
         lines.append(
             f"    prompt {item['prompt']} (answer {item['answer']}): {item['response']:<18s} "

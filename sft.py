@@ -345,10 +345,11 @@ def train_sft(task, config, progress=None):
             if step % every == 0 or step == config.steps:
                 curve.append({"step": step, "loss": sum(losses) / len(losses),
                               "grad_norm": sum(norms) / len(norms), "learning_rate": learning_rate_at(step, config)})
-                losses, norms = [], []
-                if progress is not None:
-                    progress(f"sft step {step:5d}/{config.steps}  loss {curve[-1]['loss']:.4f}  "
-                             f"grad_norm {curve[-1]['grad_norm']:.3f}  lr {curve[-1]['learning_rate']:.2e}  "
+                first, losses, norms = step - len(losses) + 1, [], []
+                if progress is not None:  # the training batches' loss, with the weights of their steps
+                    steps = f"step {step}" if first == step else f"steps {first}-{step}"
+                    progress(f"sft step {step:5d}/{config.steps}  batch loss {curve[-1]['loss']:.4f} (mean of "
+                             f"{steps})  grad_norm {curve[-1]['grad_norm']:.3f}  lr {curve[-1]['learning_rate']:.2e}  "
                              f"{time.perf_counter() - started:.1f} s")
         model.eval()
         final_loss = _dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
@@ -698,6 +699,17 @@ def config_from(parser, args):
         parser.error(f"argument {error.flag}: {error.reason}")
 
 
+def summary_line(folder, report):
+    """The model's line of the printout: its size and the completion loss over the report's fixed set of
+    demonstrations, at the initial and the trained weights (not the progress lines' batch loss, which
+    averages the last interval's training batches, each with the weights of its step)."""
+    loss = report["loss"]
+    scored = min(LOSS_ROWS, report["demonstrations"]["count"])
+    return (f"SFT model {folder}: {report['model']['parameters']:,} parameters, completion loss on the first "
+            f"{scored} demonstrations {loss['initial']:.4f} (initial weights) -> {loss['final']:.4f} (trained) "
+            "nats/token")
+
+
 def table_text(evaluations):
     """The evaluation as a small text table: one row per metric, one column per split. evaluations:
     {split: the dict `sample_evaluation` returns}; ValueError naming it when it is empty or not that."""
@@ -758,9 +770,7 @@ def main(argv=None):
     }
     path = os.path.join(args.output, EVALUATION_FILE)
     write_files({**cache, path: json_text(document)})  # a new model and its evaluation together, or neither
-    print(f"\nSFT model {folder}: {report['model']['parameters']:,} parameters, completion loss "
-          f"{report['loss']['initial']:.4f} -> {report['loss']['final']:.4f} nats/token "
-          f"(SFT {trained:.1f} s, evaluation {evaluated:.1f} s on this machine)\n")
+    print(f"\n{summary_line(folder, report)} (SFT {trained:.1f} s, evaluation {evaluated:.1f} s on this machine)\n")
     print(table_text(evaluations), end="")
     print(f"-> {path}")
     return 0

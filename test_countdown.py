@@ -231,6 +231,27 @@ class Solutions(unittest.TestCase):
                     self.assertTrue(all(text.endswith("EOS") and "EOS" not in text[:-3] for text in solutions))
                     self.assertEqual(task.difficulty(prompt), min(len(text) for text in expected[key]) // 2 + 1)
 
+    def test_difficulty_summary_equals_a_recount_and_the_sums_of_all_numbers_are_the_hardest(self):
+        expected = brute_force_solutions(range(1, 8), 4, "+-")
+        for split in ("train", "test"):
+            summary = TASK.difficulty_summary(split)
+            self.assertEqual(list(summary), ["2", "3", "4"])
+            for level, row in summary.items():
+                with self.subTest(split=split, difficulty=level):
+                    members = [p for p in TASK.split_prompts(split).tolist() if TASK.difficulty(p) == int(level)]
+                    counts = [len(expected[(TASK.prompt_numbers(p), TASK.prompt_target(p))]) for p in members]
+                    self.assertEqual(row["prompts"], len(members))
+                    self.assertAlmostEqual(row["mean_solutions"], sum(counts) / len(counts), places=12)
+        # by hand: each of the C(7, 4) = 35 number sets has one target that only the sum of all four reaches,
+        # so a prompt of difficulty 4 with the 4! = 24 orders of a+b+c+d as its solutions
+        by_level = [TASK.difficulty_summary(split) for split in ("train", "test")]
+        self.assertEqual({level: sum(summary[level]["sum_of_all_numbers"] for summary in by_level)
+                          for level in ("2", "3", "4")}, {"2": 0, "3": 0, "4": 35})
+        self.assertEqual(sum(summary["4"]["prompts"] for summary in by_level), 58)
+        self.assertAlmostEqual(by_level[0]["4"]["mean_solutions"] * 46, 1026, places=9)  # 29 sums x 24, 17 of 18 or 30
+        with self.assertRaisesRegex(ValueError, "^split"):
+            TASK.difficulty_summary("validation")
+
     def test_verify_accepts_exactly_the_solutions_among_all_short_responses(self):
         prompt = prompt_of(TASK, (3, 5, 6, 7), 12)
         solutions = set(TASK.solutions(prompt))

@@ -15,7 +15,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+from unittest import mock
 
 import torch
 
@@ -188,6 +190,15 @@ class Verdicts(unittest.TestCase):
         verdict = self.verdict([0.1, None, 0.2, 0.15, 0.12], test="greater", at_least=0.8)
         self.assertEqual((verdict["seeds"], verdict["undefined"], verdict["verdict"]), (4, 1, "holds"))
         self.assertIn("1 left out", experiments.count_text(verdict))
+        self.assertEqual(verdict["needs"], "4 of 4 above 0, interval above 0")
+
+    def test_a_claim_no_seed_has_a_value_for_says_so_instead_of_needing_1_of_0(self):
+        for test, margin in (("greater", None), ("count", None), ("within", 0.1)):
+            with self.subTest(test=test):
+                verdict = self.verdict([None, None, None], test=test, margin=margin)
+                self.assertEqual((verdict["seeds"], verdict["undefined"]), (0, 3))
+                self.assertEqual(verdict["needs"], "a seed with a value, and none has one")
+                self.assertTrue(experiments.count_text(verdict).endswith("(3 left out: never reached)"))
 
     def test_an_exact_claim_and_the_atlas_table(self):
         exact = experiments.check_claim(experiments.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
@@ -392,6 +403,46 @@ class Workers(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertRegex(stderr, r"worker process (\d+) ended by SIGKILL before its run finished")
         self.assertIn(int(stderr.split("worker process ")[1].split()[0]), killed_pids)
+
+
+def _nap(seed):
+    time.sleep(0.02)
+    return {"metrics": {"m": float(seed)}}
+
+
+class Timing(unittest.TestCase):
+    """A run's seconds (the progress lines, the totals, --timings) are the run's own: not a process's
+    one-time imports, which took seconds in the first run of every worker."""
+
+    def test_the_first_optimizer_of_a_process_imports_what_the_clock_leaves_out(self):
+        script = ("import sys, time, experiments\n"
+                  "before = 'torch._dynamo' in sys.modules\n"
+                  "started = time.perf_counter()\n"
+                  "experiments._import_torch_lazy_modules()\n"
+                  "first = time.perf_counter() - started\n"
+                  "started = time.perf_counter()\n"
+                  "experiments._import_torch_lazy_modules()\n"
+                  "print(before, 'torch._dynamo' in sys.modules, first > 10 * (time.perf_counter() - started))\n")
+        done = subprocess.run([sys.executable, "-B", "-c", script], cwd=HERE, capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(done.stdout.split(), ["False", "True", "True"], done.stderr)
+
+    def test_a_runs_seconds_leave_out_the_imports_in_one_process_and_over_workers(self):
+        table = {"t": experiments.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"])}
+        with mock.patch.dict(experiments.RUNNERS, nap=_nap), \
+                mock.patch.object(experiments, "_import_torch_lazy_modules", side_effect=lambda: time.sleep(0.2)):
+            index, seconds, result = experiments._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
+            self.assertEqual((index, result), (3, {"metrics": {"m": 2.0}}))
+            self.assertGreaterEqual(seconds, 0.02)
+            self.assertLess(seconds, 0.15)  # the 0.2 s of imports before the clock are not in it
+            for jobs in (1, 2):  # in this process, and in forked workers
+                lines = []
+                totals = experiments.run_experiments(["t"], 2, jobs, lambda *args: None, report=lines.append,
+                                                     table=table)
+                with self.subTest(jobs=jobs):
+                    self.assertEqual(len(lines), 4)
+                    self.assertGreaterEqual(totals["t"], 4 * 0.02)
+                    self.assertLess(totals["t"], 4 * 0.02 + 0.3)  # with the imports it would exceed 4 x 0.22
 
 
 def _die_by_sigkill():

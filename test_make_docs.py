@@ -132,6 +132,16 @@ class CommittedPages(unittest.TestCase):
         without = {path: text for path, text in rendered().items() if path != f"docs/atlas/{gone}.md"}
         self.assertTrue(make_docs.first_difference(without, HERE).startswith(f"docs/atlas/{gone}.md is not rendered"))
 
+    def test_a_metric_note_follows_the_table_only_of_the_experiments_that_show_the_metric(self):
+        note = make_docs.METRIC_NOTES["sampler_kl"]
+        self.assertIn("k1", note)
+        page = rendered()["docs/atlas/precision-mismatch.md"]
+        # right under the table whose float16 row has a negative mean (-3.4e-06 in the committed atlas)
+        self.assertIn(" | -3.4e-06 +- ", page)
+        self.assertIn(" |\n\n" + note + "\n\n## Configurations", page)
+        shown = [path for path, text in rendered().items() if note in text]
+        self.assertEqual(shown, ["docs/atlas/precision-mismatch.md"])  # no other experiment logs sampler_kl
+
     def test_a_result_that_is_malformed_or_not_a_file_is_one_line_naming_it(self):
         cases = {"results/ppo.json": ("{", "results/ppo.json: not valid JSON"),
                  "results/grpo.csv": ("step,expected_reward\n", "results/grpo.csv: no data rows"),

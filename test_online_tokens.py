@@ -263,6 +263,62 @@ class OnlineGRPO(unittest.TestCase):
             resolve({"algorithm": "cispo", "epsilon_high": 0.0})  # an absolute cap of 0 keeps no weight
 
 
+class FirstBatchExample(unittest.TestCase):
+    """The printout's example group teaches advantages: the first group of the first batch whose rewards vary."""
+
+    @staticmethod
+    def items(*rewards):
+        return [{"prompt": 0, "answer": "0", "response": "EOS", "truncated": False, "reward": reward,
+                 "advantage": 0.0} for reward in rewards]
+
+    def summary_header(self, first_batch):
+        row = {"success_probability": 0.5, "kl_reference": 0.0, "success_rate": 0.5, "mean_response_length": 1.0,
+               "clip_fraction": 0.0, "total_tokens_sampled": 8, "responses_sampled": 4}
+        report = {"settings": {"algorithm": "grpo", "steps": 1, "prompts": 3, "group_size": 2, "seed": 0},
+                  "initial_success_probability": 0.5, "first_batch": first_batch}
+        lines = online_tokens.summary_text([row, row], report, 1.0).splitlines()
+        return lines[5], lines[6:]
+
+    def test_the_first_batch_is_decoded_up_to_its_second_group_that_varies(self):
+        state = online_tokens.setup(algorithm="grpo", seed=7)  # the default run's first batch
+        batch, credit = rollout_with_credit(state)
+        decoded = online_tokens.decode_batch(state, batch, credit)
+        group_size = state.cfg.group_size
+        grouped = batch.rewards.reshape(-1, group_size)  # (B*G,) -> (B, G)
+        varies = [index for index in range(grouped.shape[0]) if len(set(grouped[index].tolist())) > 1]
+        self.assertEqual(varies[:2], [2, 3])  # groups 1 and 2 (0 and 1 here) tie
+        self.assertEqual(len(decoded), (varies[1] + 1) * group_size)
+        self.assertEqual([item["reward"] for item in decoded], batch.rewards[: len(decoded)].tolist())
+        index, group = online_tokens.first_teaching_group(decoded, group_size)
+        self.assertEqual((index, group), (3, decoded[2 * group_size: 3 * group_size]))
+        self.assertTrue(all(item["advantage"] == 0.0 for item in decoded[: 2 * group_size]))
+        advantages = [item["advantage"] for item in group]
+        self.assertAlmostEqual(sum(advantages), 0.0, places=12)  # relative to the group's mean
+        self.assertGreater(max(advantages), 0.0)
+
+    def test_first_teaching_group_hand_cases(self):
+        tie, varies = self.items(0.0, 0.0), self.items(0.0, 1.0)
+        self.assertEqual(online_tokens.first_teaching_group(varies + tie, 2), (1, varies))
+        self.assertEqual(online_tokens.first_teaching_group(tie + tie + varies, 2), (3, varies))
+        self.assertEqual(online_tokens.first_teaching_group(tie + self.items(1.0, 1.0), 2), (None, tie))
+
+    def test_the_summary_says_which_group_it_shows_and_why(self):
+        tie, varies = self.items(0.0, 0.0), self.items(0.0, 1.0)
+        header, shown = self.summary_header(varies + varies)
+        self.assertEqual(header, "  group 1 of 3 in the first batch, the first whose rewards vary:")
+        self.assertEqual(len(shown), 2)
+        self.assertIn("reward 1.00", shown[1])
+        self.assertEqual(self.summary_header(tie + varies)[0], "  group 2 of 3 in the first batch, the first whose "
+                                                                "rewards vary; group 1 ties, so its advantages are 0:")
+        self.assertEqual(self.summary_header(tie + tie + varies)[0], "  group 3 of 3 in the first batch, the first "
+                                                                       "whose rewards vary; groups 1-2 tie, so their "
+                                                                       "advantages are 0:")
+        header, shown = self.summary_header(tie + tie + tie)
+        self.assertEqual(header, "  first group of the first batch (no group's rewards vary in it: every advantage "
+                                 "is 0):")
+        self.assertEqual(len(shown), 2)
+
+
 class OnlineValidation(unittest.TestCase):
     def test_verify_rejects_bad_input(self):
         verify, eos = TASK.verify, EOS

@@ -222,8 +222,23 @@ class Training(unittest.TestCase):
         _, report = sft.train_sft(SMALL_TASK, dataclasses.replace(TINY, steps=20), progress=lines.append)
         self.assertEqual(len(lines), sft.PROGRESS_LINES)
         self.assertEqual([point["step"] for point in report["curve"]], list(range(2, 21, 2)))
-        self.assertTrue(lines[-1].startswith("sft step    20/20  loss "), lines[-1])
-        self.assertIn(f"loss {report['curve'][-1]['loss']:.4f}", lines[-1])
+        # labelled as what it averages: the training batches since the previous line, not the report's loss
+        self.assertTrue(lines[-1].startswith(f"sft step    20/20  batch loss {report['curve'][-1]['loss']:.4f} "
+                                             "(mean of steps 19-20)  grad_norm "), lines[-1])
+        self.assertIn("(mean of steps 1-2)", lines[0])
+        lines = []
+        sft.train_sft(SMALL_TASK, dataclasses.replace(TINY, steps=3), progress=lines.append)
+        self.assertIn("batch loss", lines[-1])
+        self.assertIn("(mean of step 3)", lines[-1])  # one step per line: no range
+
+    def test_summary_line_names_the_set_and_the_weights_of_its_loss(self):
+        report = {"model": {"parameters": 12345}, "demonstrations": {"count": 1024},
+                  "loss": {"initial": 2.77258, "final": 0.75849}}
+        self.assertEqual(sft.summary_line("results-sft/sft-abc", report),
+                         "SFT model results-sft/sft-abc: 12,345 parameters, completion loss on the first 1024 "
+                         "demonstrations 2.7726 (initial weights) -> 0.7585 (trained) nats/token")
+        report["demonstrations"]["count"] = 20_000  # the report scores at most LOSS_ROWS of them
+        self.assertIn(f"on the first {sft.LOSS_ROWS} demonstrations", sft.summary_line("f", report))
 
     def test_a_short_run_lowers_the_completion_loss_well_below_its_start(self):
         loss = REPORT["loss"]
