@@ -516,6 +516,43 @@ def completion_log_probs(model, input_ids, attention_mask, completion_mask, *, t
                              position_ids=position_ids).log_probs
 
 
+@torch.no_grad()
+def shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids=None):
+    """(N, R, V) the logits that predict the last R = T - prompt_length tokens, without gradient, computed
+    once per distinct prompt: model(input_ids, attention_mask, position_ids)[:, prompt_length - 1:-1], bit for bit.
+
+    Rows that share their first prompt_length tokens (the G responses of a group, the solutions of one
+    prompt) share the keys and values of those positions, so the prompt runs once per distinct prompt
+    (a first pass over full rows, one per prompt) and every row then runs only its last R tokens against
+    them (a second pass with a KV cache). Each token is computed by the same kernels on key sets of the
+    same length T as in one pass over every row, hence the same bits (test_tiny_lm checks it); a first
+    pass over prompt_length positions only would attend over fewer keys and differ in the last bits.
+
+    input_ids, attention_mask, position_ids: as `TinyLM.hidden_states` (no cache), (N, T).
+    prompt_length: P in [1, T), the width of the (left-padded) prompts.
+    """
+    _check_model(model)
+    check_int("prompt_length", prompt_length, low=1, high=input_ids.shape[1] - 1)
+    model._check_inputs(input_ids, attention_mask, position_ids, None)
+    batch, total = input_ids.shape
+    attention = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    positions = _position_ids(attention) if position_ids is None else position_ids
+    prompt = slice(0, prompt_length)
+    keys = torch.cat([input_ids[:, prompt], attention[:, prompt], positions[:, prompt]], dim=1).long()  # (N, 3P)
+    _, rows = torch.unique(keys, dim=0, return_inverse=True)  # (N,): the distinct prompt of each row
+    count = int(rows.max()) + 1
+    first = torch.full((count,), batch).scatter_reduce_(0, rows, torch.arange(batch), "amin")  # (U,) a row each
+    cache = KVCache(model.config, count, total, next(model.parameters()).dtype)
+    hidden = model._trunk(input_ids[first], positions[first], causal_padding_mask(attention[first], total), cache)
+    at_prompt_end = model.lm_head(hidden[:, prompt_length - 1])[rows]  # (U, D) -> (U, V) -> (N, V)
+    cache.select_rows(rows)
+    cache.length = prompt_length  # the representatives' own last R positions are overwritten below
+    rest = slice(prompt_length, total)
+    hidden = model._trunk(input_ids[:, rest], positions[:, rest], causal_padding_mask(attention, total - prompt_length),
+                          cache)  # (N, R, D)
+    return torch.cat([at_prompt_end.unsqueeze(1), model.lm_head(hidden[:, :-1])], dim=1)  # (N, R, V)
+
+
 # ---------------------------------------------------------------------------------------------
 # Sampling: left-padded prompts, temperature, top-p, a KV cache, a lower precision
 # ---------------------------------------------------------------------------------------------
