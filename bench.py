@@ -99,6 +99,30 @@ def timed_call(function, runs):
     return statistics.median(times), min(times)
 
 
+def sampling_flops(config, batch, prompt_width, steps):
+    """Floating-point operations (multiply-adds count 2) of one cached sampling call: the prompt of every
+    row at once (batch x prompt_width tokens attending over prompt_width keys), then `steps` - 1 steps of
+    one token per row attending over the keys so far, and the LM head once per sampled token. The
+    layer norms, GELU and softmax are left out (a few percent)."""
+    width, layers = config.d_model, config.n_layer
+    weights = (3 + 1 + 2 * config.mlp_ratio) * width * width  # qkv, out projection, MLP: multiply-adds per token
+    per_token = lambda keys: layers * (2 * weights + 4 * keys * width)  # noqa: E731  (q k^T and p v: 2 x 2 keys D)
+    prompt = batch * prompt_width * per_token(prompt_width)
+    sampled = sum(batch * per_token(prompt_width + step) for step in range(1, steps))
+    return prompt + sampled + batch * steps * 2 * width * config.vocab_size
+
+
+def matmul_gflops(runs, config, rows=768, repeats=200):
+    """GFLOP/s of this machine's matrix product at the model's shapes, one thread: the (rows x D) @ (D x 4D)
+    product of the MLP, the largest kernel of a sampling call; the rate a sampler limited by arithmetic
+    alone could reach."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, config.d_model, generator=generator)
+    b = torch.randn(config.d_model, config.mlp_ratio * config.d_model, generator=generator)
+    seconds, _ = timed_call(lambda: [a @ b for _ in range(repeats)], runs)
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1] * repeats / seconds / 1e9
+
+
 def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
     """(lines, figures) of tiny_lm figures for one RL batch: `batch` prompts of 4..prompt_width tokens, left-padded,
     `new_tokens` sampled per prompt by the default TinyLMConfig on one thread. Sampling with and without
@@ -107,7 +131,8 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
     pass without gradient (old or reference log-probs) and a forward + backward pass. Each figure is the
     median over `runs` of the mean of `repeats` calls (one call lasts milliseconds). figures:
     {"parameters", "prompts", "new_tokens", "tokens_sampled", "sampling": {name: {"ms", "tokens_per_s"}},
-    "scoring_forward_ms", "scoring_forward_backward_ms"}."""
+    "flops_per_sampled_token", "cache_gflops" (the rate sampling with the cache reaches), "matmul_gflops" (the
+    machine's, see `matmul_gflops`), "scoring_forward_ms", "scoring_forward_backward_ms"}."""
     with torch_threads(1):
         generator = torch.Generator().manual_seed(0)
         config = tiny_lm.TinyLMConfig()
@@ -145,6 +170,14 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
             figures["sampling"][key] = {"ms": round(seconds * 1e3, 2), "tokens_per_s": round(batch * steps / seconds)}
             lines.append(f"  {name:36s} {seconds * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
                          f"{batch * steps / seconds:9,.0f} tokens/s")
+        flops = sampling_flops(config, batch, prompt_width, steps)
+        achieved = flops / (figures["sampling"]["cache"]["ms"] / 1e3) / 1e9
+        peak = matmul_gflops(runs, config)
+        figures.update(flops_per_sampled_token=round(flops / (batch * steps)), cache_gflops=round(achieved, 2),
+                       matmul_gflops=round(peak, 1))
+        lines.append(f"  {'FLOPs with the cache':36s} {flops / (batch * steps) / 1e3:7.0f} k a sampled token "
+                     f"(prompt included): {achieved:.1f} GFLOP/s, against {peak:.0f} GFLOP/s of this machine's "
+                     f"matrix product at the MLP's shape")
         with torch.no_grad():
             forward, fastest = per_call(lambda: score(False))
         lines.append(f"  {'scoring forward (no gradient)':36s} {forward * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "

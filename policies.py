@@ -31,7 +31,7 @@ import torch
 from lab_checks import check_tensor
 import sft
 from tasks import TASKS
-from tiny_lm import TinyLM, generate
+from tiny_lm import TinyLM, generate, shared_prompt_logits
 
 DTYPE = torch.float64
 DEVICE = torch.device("cpu")
@@ -242,6 +242,7 @@ class TransformerPolicy:
         self.model, self.task, self.temperature = model, task, temperature
         self.max_new_tokens, self.sampler_dtype, self.use_cache = max_new_tokens, sampler_dtype, use_cache
         self.position_ids = position_ids  # how the trainer numbers positions: "mask" (right) or "arange" (the bug)
+        self._prompts = None  # every prompt of the task, left-padded: see prompt_batch
 
     def parameters(self):
         return list(self.model.parameters())
@@ -249,20 +250,21 @@ class TransformerPolicy:
     def snapshot(self):
         """A frozen copy (no gradient, eval mode)."""
         model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        return TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
-                                 self.use_cache, self.position_ids)
+        frozen = TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
+                                   self.use_cache, self.position_ids)
+        frozen._prompts = self._prompts  # the same task's prompts (never written to)
+        return frozen
 
     def prompt_batch(self, prompts):
         """(N, P) int64 prompt tokens left-padded with PAD and their (N, P) int64 attention mask: the
-        first real token of every row then has position 0 (position ids come from the mask)."""
-        tokens = self.task.prompt_tokens(prompts)
-        width = max(len(row) for row in tokens)
-        ids = torch.full((len(tokens), width), self.task.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(tokens), width, dtype=torch.long)
-        for row, prompt in enumerate(tokens):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        return ids, mask
+        first real token of every row then has position 0 (position ids come from the mask). P is the
+        longest of these prompts: rows of one table of every prompt of the task, cut to that width."""
+        if self._prompts is None:  # built once: the loop asks for a batch several times an iteration
+            self._prompts = sft.prompt_batch(self.task, list(range(self.task.prompt_count("train")
+                                                                    + self.task.prompt_count("test"))))
+        ids, mask = self._prompts  # (all prompts, longest width)
+        width = int(mask[prompts].sum(dim=1).max())
+        return ids[prompts, ids.shape[1] - width:], mask[prompts, ids.shape[1] - width:]
 
     def sample(self, prompts, generator, temperature=None, top_p=None):
         """One completion per prompt (see `Samples`), from the KV-cache sampler in `sampler_dtype`."""
@@ -290,8 +292,12 @@ class TransformerPolicy:
         width, length = ids.shape[1], completion_ids.shape[1]
         sequences = torch.cat([ids, completion_ids], dim=1)  # (N, P + R)
         attention = torch.cat([mask, torch.ones_like(completion_ids)], dim=1)
-        logits = self.model(sequences, attention, self._position_ids(attention, positions))  # (N, P + R, V)
-        return logits[:, width - 1: width - 1 + length] / self.temperature  # (N, R, V)
+        position_ids = self._position_ids(attention, positions)
+        if torch.is_grad_enabled():
+            logits = self.model(sequences, attention, position_ids)[:, width - 1: width - 1 + length]  # (N, R, V)
+        else:  # scoring only (old and reference log-probs, the exact evaluation): each distinct prompt runs once
+            logits = shared_prompt_logits(self.model, sequences, attention, width, position_ids)  # (N, R, V)
+        return logits / self.temperature
 
     def _position_ids(self, attention, positions=None):
         """None (the model numbers positions from the mask) or the bug's arange positions (N, T)."""

@@ -16,6 +16,7 @@ import policies
 from lab_testing import float64, single_thread_module
 from rl_lab import response_token_logps
 from tiny_lm import (
+    KVCache,
     LogitsOverflow,
     TinyLM,
     TinyLMConfig,
@@ -25,6 +26,7 @@ from tiny_lm import (
     generate,
     position_ids_from_mask,
     sample_tokens,
+    shared_prompt_logits,
     tempered_log_probs,
 )
 
@@ -570,6 +572,67 @@ class Sampling(unittest.TestCase):
             with self.assertRaisesRegex(LogitsOverflow, pattern):
                 call()
         self.assertTrue(issubclass(LogitsOverflow, FloatingPointError))  # a training loop reports it as diverged
+
+
+class SameBitsFaster(unittest.TestCase):
+    """The sampler's and the scorer's shortcuts give the bits of the plain computation, in float32 (where
+    a different order of additions would show in the last bits), so committed runs do not change."""
+
+    def setUp(self):
+        self.model = small_model(seed=11, dtype=torch.float32, vocab_size=16, init_std=0.2).eval()
+        ids, mask = sampling_batch(count=6, width=6, seed=5)
+        self.ids, self.mask = ids.repeat_interleave(4, dim=0), mask.repeat_interleave(4, dim=0)  # 6 groups of 4
+
+    def plain_cached_sampler(self, new_tokens, temperature, seed):
+        """The KV-cache sampler without shortcuts: every row runs its own prompt, and the mask and the
+        positions are rebuilt from the whole attention mask at every step (model.forward's own)."""
+        count, width = self.ids.shape
+        sequences = torch.full((count, width + new_tokens), PAD, dtype=torch.long)
+        sequences[:, :width] = self.ids
+        mask = torch.zeros_like(sequences)
+        mask[:, :width] = self.mask
+        log_probs, finished = torch.zeros(count, new_tokens), torch.zeros(count, dtype=torch.bool)
+        cache, generator = KVCache(self.model.config, count, width + new_tokens, torch.float32), torch.Generator()
+        generator.manual_seed(seed)
+        with torch.no_grad():
+            for step in range(new_tokens):
+                end = width + step
+                logits = self.model(sequences[:, 0 if step == 0 else end - 1:end], mask[:, :end], cache=cache)[:, -1]
+                step_log_probs = torch.log_softmax(logits / temperature, dim=-1)  # (N, V)
+                tokens = sample_tokens(step_log_probs, torch.rand(count, generator=generator))
+                sequences[:, end] = torch.where(finished, PAD, tokens)
+                log_probs[:, step] = torch.where(finished, 0.0, step_log_probs.gather(-1, tokens[:, None])[:, 0])
+                mask[:, end] = (~finished).long()
+                finished = finished | (tokens == EOS)
+        return sequences, log_probs
+
+    def test_a_group_sharing_its_prompt_samples_the_bits_of_the_plain_cached_sampler(self):
+        for temperature in (1.0, 0.9):
+            with self.subTest(temperature=temperature):
+                out = generate(self.model, self.ids, self.mask, 12, eos_id=EOS, pad_id=PAD, temperature=temperature,
+                               generator=torch.Generator().manual_seed(3))
+                sequences, log_probs = self.plain_cached_sampler(12, temperature, seed=3)
+                self.assertTrue(torch.equal(out.sequences, sequences[:, :out.sequences.shape[1]]))
+                self.assertTrue(torch.equal(out.log_probs, log_probs))  # bit for bit, not within a tolerance
+                lengths = out.completion_mask.sum(dim=1)
+                self.assertTrue(0 < int(lengths.min()) < int(lengths.max()))  # rows end at different steps
+                self.assertGreater(len({tuple(row) for row in out.sequences[:4].tolist()}), 1)  # a group draws apart
+
+    def test_shared_prompt_logits_are_the_bits_of_one_pass_over_every_row(self):
+        generator = torch.Generator().manual_seed(6)
+        completions = torch.randint(2, 16, (self.ids.shape[0], 7), generator=generator)
+        sequences = torch.cat([self.ids, completions], dim=1)  # (24, 13): 6 prompts, 4 completions each
+        attention = torch.cat([self.mask, torch.ones_like(completions)], dim=1)
+        arange = torch.arange(13).expand(24, 13)
+        for positions in (None, arange):
+            with self.subTest(positions="mask" if positions is None else "arange"):
+                full = self.model(sequences, attention, positions)[:, 5:-1]  # (24, 7, V): rows predicting completions
+                shared = shared_prompt_logits(self.model, sequences, attention, 6, positions)
+                self.assertTrue(torch.equal(shared, full))
+        with self.assertRaisesRegex(ValueError, "^prompt_length: "):
+            shared_prompt_logits(self.model, sequences, attention, 13)
+        with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got OrderedDict$"):
+            shared_prompt_logits(self.model.state_dict(), sequences, attention, 6)
 
 
 class LowerPrecisionSampling(unittest.TestCase):

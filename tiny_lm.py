@@ -129,16 +129,16 @@ class KVCache:
     """The keys and values of the positions already run, per layer, so one sampling step runs only the
     new token instead of the whole sequence again.
 
-    keys[layer], values[layer]: (N, H, capacity, Dh) buffers allocated once; positions [0, length)
-    hold keys and values, the rest is not read. `TinyLM.forward(..., cache=cache)` writes the new
-    positions after `length` in every layer, then advances `length`.
+    keys[layer], values[layer]: (N, H, capacity, Dh) buffers allocated once (uninitialized: positions
+    [0, length) hold keys and values, the rest is never read). `TinyLM.forward(..., cache=cache)` writes
+    the new positions after `length` in every layer, then advances `length`.
     """
 
     def __init__(self, config, batch_size, capacity, dtype):
         head_dim = config.d_model // config.n_head
         shape = (batch_size, config.n_head, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(config.n_layer)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(config.n_layer)]
+        self.keys = [torch.empty(shape, dtype=dtype) for _ in range(config.n_layer)]
+        self.values = [torch.empty(shape, dtype=dtype) for _ in range(config.n_layer)]
         self.length = 0
 
     def extend(self, layer, k, v):
@@ -148,6 +148,12 @@ class KVCache:
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def select_rows(self, rows):
+        """Keep the cached rows `rows` ((N',) int64, repeats allowed): a prompt run once serves every
+        response drawn from it (a group of G), with the same keys and values bit for bit."""
+        self.keys = [keys[rows] for keys in self.keys]  # (N, H, capacity, Dh) -> (N', H, capacity, Dh)
+        self.values = [values[rows] for values in self.values]
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config):
@@ -155,35 +161,32 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model)  # queries, keys and values of all heads at once
         self.proj = nn.Linear(config.d_model, config.d_model)
-        self.dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout  # on the attention weights and the output, while training only
 
     def forward(self, x, mask, cache=None, layer=0):
         """x (N, Tq, D), mask (N, 1, Tq, Tk) from `causal_padding_mask` -> (N, Tq, D)."""
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)  # (N, Tq, 3D) -> 3 x (N, Tq, D)
-        q = q.view(batch, length, self.n_head, -1).transpose(1, 2)  # (N, Tq, D) -> (N, H, Tq, Dh)
-        k = k.view(batch, length, self.n_head, -1).transpose(1, 2)  # (N, Tq, D) -> (N, H, Tq, Dh)
-        v = v.view(batch, length, self.n_head, -1).transpose(1, 2)  # (N, Tq, D) -> (N, H, Tq, Dh)
+        qkv = self.qkv(x).view(batch, length, 3, self.n_head, -1)  # (N, Tq, 3D) -> (N, Tq, 3, H, Dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (N, Tq, 3, H, Dh) -> 3 x (N, H, Tq, Dh), views
         if cache is not None:
             k, v = cache.extend(layer, k, v)  # (N, H, Tk, Dh), Tk = cached + Tq
+        dropout = self.dropout if self.training else 0.0
         # softmax(q k^T / sqrt(Dh)) v with False entries of the mask at probability 0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                           dropout_p=self.dropout if self.training else 0.0)  # (N, H, Tq, Dh)
-        y = y.transpose(1, 2).reshape(batch, length, width)  # (N, H, Tq, Dh) -> (N, Tq, D)
-        return self.resid_dropout(self.proj(y))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (N, H, Tq, Dh)
+        y = self.proj(y.transpose(1, 2).reshape(batch, length, width))  # (N, H, Tq, Dh) -> (N, Tq, D)
+        return F.dropout(y, dropout) if dropout else y  # a call less per layer when sampling
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
-        self.gelu = nn.GELU()
         self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
 
     def forward(self, x):
-        return self.dropout(self.proj(self.gelu(self.fc(x))))
+        y = self.proj(F.gelu(self.fc(x)))  # GELU with erf, as nn.GELU()
+        return F.dropout(y, self.dropout) if self.training and self.dropout else y
 
 
 class Block(nn.Module):
@@ -237,7 +240,6 @@ class TinyLM(nn.Module):
         with torch.random.fork_rng(devices=[]):  # the layers' own default init is overwritten below
             self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
             self.position_embedding = nn.Embedding(config.max_len, config.d_model)
-            self.embedding_dropout = nn.Dropout(config.dropout)
             self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
             self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -284,13 +286,17 @@ class TinyLM(nn.Module):
             attention_mask = torch.ones(batch, past + length, dtype=torch.long)
         if position_ids is None:
             position_ids = _position_ids(attention_mask)[:, past:]  # (N, Tk) -> (N, Tq); checked above
-        mask = causal_padding_mask(attention_mask, length)  # (N, 1, Tq, Tk)
+        return self._trunk(input_ids, position_ids, causal_padding_mask(attention_mask, length), cache)
+
+    def _trunk(self, input_ids, position_ids, mask, cache=None):
+        """(N, Tq, D) hidden states from checked (N, Tq) ids and positions and the (N, 1, Tq, Tk) attention mask."""
         x = self.token_embedding(input_ids.long()) + self.position_embedding(position_ids.long())  # (N, Tq, D)
-        x = self.embedding_dropout(x)
+        if self.training and self.config.dropout:
+            x = F.dropout(x, self.config.dropout)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask, cache, layer)
         if cache is not None:
-            cache.length += length
+            cache.length += input_ids.shape[1]
         return self.ln_f(x)
 
     def _check_inputs(self, input_ids, attention_mask, position_ids, cache):
@@ -412,7 +418,7 @@ def tempered_log_probs(logits, temperature=1.0, top_p=1.0):
 
 def _tempered_log_probs(logits, temperature, top_p):
     """tempered_log_probs on checked arguments and finite logits; still refuses an overflowing temperature."""
-    logp = torch.log_softmax(logits / temperature, dim=-1)  # (..., V)
+    logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)  # (..., V); x / 1 is x
     # finite logits divided by a tiny temperature can exceed the dtype: inf - inf = NaN, or a -inf
     # log-prob whose 0 * -inf makes the entropy NaN
     if not bool(torch.isfinite(logp).all()):
@@ -508,6 +514,43 @@ def completion_log_probs(model, input_ids, attention_mask, completion_mask, *, t
     """
     return completion_scores(model, input_ids, attention_mask, completion_mask, temperature=temperature,
                              position_ids=position_ids).log_probs
+
+
+@torch.no_grad()
+def shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids=None):
+    """(N, R, V) the logits that predict the last R = T - prompt_length tokens, without gradient, computed
+    once per distinct prompt: model(input_ids, attention_mask, position_ids)[:, prompt_length - 1:-1], bit for bit.
+
+    Rows that share their first prompt_length tokens (the G responses of a group, the solutions of one
+    prompt) share the keys and values of those positions, so the prompt runs once per distinct prompt
+    (a first pass over full rows, one per prompt) and every row then runs only its last R tokens against
+    them (a second pass with a KV cache). Each token is computed by the same kernels on key sets of the
+    same length T as in one pass over every row, hence the same bits (test_tiny_lm checks it); a first
+    pass over prompt_length positions only would attend over fewer keys and differ in the last bits.
+
+    input_ids, attention_mask, position_ids: as `TinyLM.hidden_states` (no cache), (N, T).
+    prompt_length: P in [1, T), the width of the (left-padded) prompts.
+    """
+    _check_model(model)
+    check_int("prompt_length", prompt_length, low=1, high=input_ids.shape[1] - 1)
+    model._check_inputs(input_ids, attention_mask, position_ids, None)
+    batch, total = input_ids.shape
+    attention = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    positions = _position_ids(attention) if position_ids is None else position_ids
+    prompt = slice(0, prompt_length)
+    keys = torch.cat([input_ids[:, prompt], attention[:, prompt], positions[:, prompt]], dim=1).long()  # (N, 3P)
+    _, rows = torch.unique(keys, dim=0, return_inverse=True)  # (N,): the distinct prompt of each row
+    count = int(rows.max()) + 1
+    first = torch.full((count,), batch).scatter_reduce_(0, rows, torch.arange(batch), "amin")  # (U,) a row each
+    cache = KVCache(model.config, count, total, next(model.parameters()).dtype)
+    hidden = model._trunk(input_ids[first], positions[first], causal_padding_mask(attention[first], total), cache)
+    at_prompt_end = model.lm_head(hidden[:, prompt_length - 1])[rows]  # (U, D) -> (U, V) -> (N, V)
+    cache.select_rows(rows)
+    cache.length = prompt_length  # the representatives' own last R positions are overwritten below
+    rest = slice(prompt_length, total)
+    hidden = model._trunk(input_ids[:, rest], positions[:, rest], causal_padding_mask(attention, total - prompt_length),
+                          cache)  # (N, R, D)
+    return torch.cat([at_prompt_end.unsqueeze(1), model.lm_head(hidden[:, :-1])], dim=1)  # (N, R, V)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,27 +664,57 @@ def _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, tem
     log_probs = torch.zeros(batch, max_new_tokens, dtype=out_dtype)
     finished = torch.zeros(batch, dtype=torch.bool)
     sampler_dtype = next(sampler.parameters()).dtype
-    cache = KVCache(sampler.config, batch, total, sampler_dtype) if use_cache else None
     blamed = "model" if sampler_dtype == out_dtype else "dtype"  # the weights themselves, or their cast copy
-    for step in range(max_new_tokens):
-        end = prompt_length + step  # the token at `end` is sampled from the logits at end - 1
-        if cache is None:
-            logits = sampler(sequences[:, :end], mask[:, :end], check=False)  # (N, end, V)
-        else:  # the whole prompt first, then one token per step
-            start = 0 if step == 0 else end - 1
-            logits = sampler(sequences[:, start:end], mask[:, :end], cache=cache, check=False)  # (N, end - start, V)
-        _check_logits(blamed, logits[:, -1])  # NaN logits would draw token 0 everywhere
-        step_log_probs = _tempered_log_probs(logits[:, -1].to(out_dtype), temperature, top_p)  # (N, V)
+    if use_cache:
+        steps = _cached_steps(sampler, sequences, mask, prompt_length, sampler_dtype)
+    else:  # the whole sequence so far at every step
+        steps = (sampler(sequences[:, :end], mask[:, :end], check=False)[:, -1]
+                 for end in range(prompt_length, total))  # (N, end, V) -> (N, V)
+    for step, logits in enumerate(steps):  # logits (N, V) of the token at `end`
+        end = prompt_length + step
+        try:
+            step_log_probs = _tempered_log_probs(logits.to(out_dtype), temperature, top_p)  # (N, V)
+        except ValueError:  # NaN logits would draw token 0 everywhere: say whose they are
+            _check_logits(blamed, logits)
+            raise
         uniforms = torch.rand(batch, generator=generator, dtype=out_dtype)  # (N,)
         tokens = sample_tokens(step_log_probs, uniforms)  # (N,)
         token_log_probs = step_log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (N, 1) -> (N,)
-        sequences[:, end] = torch.where(finished, pad_id, tokens)
-        log_probs[:, step] = torch.where(finished, 0.0, token_log_probs)
-        mask[:, end] = (~finished).long()
-        finished = finished | (tokens == eos_id)
+        sequences[:, end] = tokens.masked_fill_(finished, pad_id)
+        log_probs[:, step] = token_log_probs.masked_fill_(finished, 0.0)
+        mask[:, end] = ~finished
+        finished |= tokens == eos_id
         if bool(finished.all()):
             break  # the remaining columns are already pad_id, masks 0, log_probs 0
     completion_mask = mask.clone()
     completion_mask[:, :prompt_length] = 0
     return Generation(sequences=sequences, attention_mask=mask, completion_mask=completion_mask,
                       log_probs=log_probs, truncated=~finished)
+
+
+def _cached_steps(sampler, sequences, mask, prompt_length, dtype):
+    """The (N, V) next-token logits of each sampling step with a KV cache, as a generator: the prompt
+    first, then only the token sampled last, which `_sample` writes into `sequences` and `mask` between
+    two steps. The same numbers as a full forward pass on the sequence so far: the same kernels on the
+    same shapes, the masks and positions kept up to date instead of rebuilt.
+
+    A prompt that several rows share (a group of G responses) runs once: its keys and values are copied
+    to every row that has it.
+    """
+    batch, total = sequences.shape
+    prompts, rows = torch.unique(torch.cat([sequences[:, :prompt_length], mask[:, :prompt_length]], dim=1), dim=0,
+                                 return_inverse=True)  # (U, 2P) distinct prompts, (N,) the one of each row
+    cache = KVCache(sampler.config, prompts.shape[0], total, dtype)
+    hidden = sampler.hidden_states(prompts[:, :prompt_length], prompts[:, prompt_length:], cache=cache, check=False)
+    yield sampler.lm_head(hidden[:, -1])[rows]  # (U, P, D) -> (U, V) -> (N, V)
+    cache.select_rows(rows)
+    # one query at `end - 1`: it sees the real keys before it and itself (`causal_padding_mask` with Tq = 1)
+    sees = torch.ones(batch, total, dtype=torch.bool)
+    sees[:, :prompt_length] = mask[:, :prompt_length].bool()
+    real_tokens = mask[:, :prompt_length].sum(dim=1)  # (N,)
+    for end in range(prompt_length + 1, total):
+        real_tokens += mask[:, end - 1]
+        positions = (real_tokens - 1).clamp(min=0).unsqueeze(1)  # (N, 1): cumsum(mask) - 1 at the new token
+        hidden = sampler._trunk(sequences[:, end - 1:end], positions, sees[:, None, None, :end], cache)  # (N, 1, D)
+        yield sampler.lm_head(hidden[:, -1])  # (N, V)
+        sees[:, end - 1] = mask[:, end - 1].bool()  # later queries see this token only if it is real
