@@ -112,16 +112,18 @@ def setup(**options):
     task = TASKS[cfg.task](cfg.max_new_tokens)
     policy = POLICIES[cfg.policy](cfg, task, progress=progress)
     family = FAMILIES[family_of(cfg.algorithm)]
-    algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None)
+    generator = torch.Generator(device=DEVICE).manual_seed(cfg.seed)
+    algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None, generator)
     splits = ("train",) if task.prompt_count("test") == 0 else ("train", "test")
     exact = policy.exact  # a table is evaluated exactly on every prompt; a transformer on a fixed draw
     return Run(
         cfg=cfg, task=task, policy=policy, reference=policy.snapshot(), algorithm=algorithm,
         optimizer=torch.optim.Adam(policy.parameters() + algorithm.parameters(), lr=cfg.learning_rate),
-        generator=torch.Generator(device=DEVICE).manual_seed(cfg.seed),
+        generator=generator,
         evaluation={split: solution_batch(task, evaluated_prompts(task, split, None if exact else cfg.eval_prompts),
                                           cfg.max_new_tokens) for split in splits},
-        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS),
+        # the second wave's switches add their own columns, only when they are on
+        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS) + algorithm.extra_columns,
     )
 
 
@@ -310,9 +312,11 @@ def update(state, batch, batch_credit):
     kept = batch_credit.loss_mask.bool()
     losses, ratios, passes = [], [], []
     for epoch in range(state.cfg.updates_per_batch):
-        logps = logps_of_tokens(state.policy.logits(batch.prompts, batch.completion_ids), batch.completion_ids)
+        logits = state.policy.logits(batch.prompts, batch.completion_ids)  # (N, R, V)
+        logps = logps_of_tokens(logits, batch.completion_ids)
         check_exponents(logps.detach(), batch, kept)
-        loss, diagnostics, ratio = state.algorithm.loss(logps, batch, batch_credit, first_pass=epoch == 0)
+        loss, diagnostics, ratio = state.algorithm.loss(logps, batch, batch_credit, first_pass=epoch == 0,
+                                                        logits=logits)
         clip_grad_norm_step(state, loss)
         losses.append(loss.item())
         passes.append(diagnostics)
