@@ -86,7 +86,7 @@ class PolicyLoss:
     nothing; capped_fraction counts the caps), "none" (no ratio clip of that form: 0). defaults / ranges:
     its own default and range of a shared setting. trl / verl: the mappers of its options; rloo_epsilon:
     TRL's RLOOConfig takes its epsilon; rloo_loss: TRL's RLOO loss is this loss. color: its colour in every
-    figure. samples: settings besides its defaults that `bridge.py check` builds."""
+    figure. samples: the settings (besides the algorithm) that `bridge.py check` builds with it."""
 
     atom: str
     reads: tuple
@@ -104,7 +104,7 @@ class PolicyLoss:
     rloo_epsilon: bool = False
     rloo_loss: bool = False
     color: str = "#7f7f7f"
-    samples: tuple = ((),)
+    samples: tuple = ()
     summary: str = ""
 
     @property
@@ -253,57 +253,63 @@ register_policy_loss("grpo", "grpo_policy_loss", reads=("epsilon", "epsilon_high
 register_policy_loss("cispo", "cispo_policy_loss", reads=("epsilon_high", "reduction"), zeroes="cap",
                      defaults={"epsilon_high": 5.0}, ranges={"epsilon_high": POSITIVE}, trl=_trl_cispo,
                      verl=_verl_cispo, color="#9467bd",
+                     samples=({}, {"reduction": "token"}, {"reduction": "constant", "tis_cap": 2.0}),
                      summary="detached capped ratio times the log-prob (MiniMax-M1)")
 register_policy_loss("gspo", "gspo_policy_loss", reads=("epsilon", "epsilon_high"), ratio="sequence", weights=False,
                      defaults={"epsilon": 3e-4, "epsilon_high": 4e-4}, trl=_trl_gspo, verl=_verl_gspo,
-                     rloo_epsilon=True, color="#ff7f0e",
+                     rloo_epsilon=True, color="#ff7f0e", samples=({}, {"beta": 0.02}),
                      summary="one clipped length-normalized ratio per response (Qwen)")
 register_policy_loss("sapo", "sapo_policy_loss", reads=("tau_pos", "tau_neg", "reduction"), zeroes="none",
-                     trl=_trl_sapo, verl=_verl_sapo, color="#8c564b",
+                     trl=_trl_sapo, verl=_verl_sapo, color="#8c564b", samples=({}, {"reduction": "token"}),
                      summary="a smooth sigmoid gate instead of the clip (Qwen)")
 # the second wave (SPEC section 9): each with its library's defaults
 register_policy_loss("dppo-tv", "dppo_policy_loss", reads=("epsilon", "epsilon_high", "dppo_cap", "reduction"),
                      keywords={"epsilon": "delta", "epsilon_high": "delta_high", "dppo_cap": "cap"},
                      fixed={"kind": "tv"}, zeroes="none", defaults=TOKEN, ranges={"epsilon": POSITIVE,
-                     "epsilon_high": POSITIVE}, verl=_verl_dppo("tv"), color="#17becf", samples=((), (("epsilon_high",
-                     0.3),)), summary="a trust region on the token's probability, p - q (DPPO)")
+                     "epsilon_high": POSITIVE}, verl=_verl_dppo("tv"), color="#17becf",
+                     samples=({}, {"epsilon_high": 0.3, "dppo_cap": 10.0}), summary="a trust region on the token's probability, p - q (DPPO)")
 register_policy_loss("dppo-kl", "dppo_policy_loss", reads=("epsilon", "epsilon_high", "dppo_cap", "reduction"),
                      keywords={"epsilon": "delta", "epsilon_high": "delta_high", "dppo_cap": "cap"},
                      fixed={"kind": "kl"}, zeroes="none", defaults=TOKEN, ranges={"epsilon": POSITIVE,
-                     "epsilon_high": POSITIVE}, verl=_verl_dppo("kl"), color="#0b6e75",
+                     "epsilon_high": POSITIVE}, verl=_verl_dppo("kl"), color="#0b6e75", samples=({},),
                      summary="a trust region on the binary KL of the token's probability (DPPO)")
 register_policy_loss("gmpo", "gmpo_policy_loss", reads=("epsilon", "epsilon_high"), ratio="sequence", weights=False,
                      zeroes="none", defaults={"epsilon": 0.4}, ranges={"epsilon": POSITIVE,
                      "epsilon_high": POSITIVE}, verl=_verl_gmpo, color="#bcbd22",
+                     samples=({}, {"epsilon_high": 0.5}),
                      summary="the geometric mean of the token ratios, clipped in log space (GMPO)")
 register_policy_loss("clip-cov", "clip_cov_policy_loss", reads=("epsilon", "epsilon_high", "cov_fraction",
                      "cov_low", "cov_high", "reduction"), keywords={"cov_fraction": "fraction"}, generator=True,
                      defaults=TOKEN, verl=_verl_clip_cov, color="#e377c2",
+                     samples=({}, {"cov_fraction": 0.01, "cov_low": 0.5, "cov_high": 2.0}),
                      summary="PPO-Clip, and no gradient on a few tokens of high covariance (Clip-Cov)")
 register_policy_loss("kl-cov", "kl_cov_policy_loss", reads=("cov_fraction", "kl_cov_coef", "reduction"),
                      keywords={"cov_fraction": "fraction", "kl_cov_coef": "coef"}, zeroes="none", defaults=TOKEN,
-                     verl=_verl_kl_cov, color="#a05195",
+                     verl=_verl_kl_cov, color="#a05195", samples=({}, {"cov_fraction": 0.01, "kl_cov_coef": 0.5}),
                      summary="no clip; a |log-ratio| penalty on the tokens of highest covariance (KL-Cov)")
 register_policy_loss("dro", "dro_policy_loss", reads=("dro_tau", "reduction"), keywords={"dro_tau": "tau"},
-                     zeroes="none", defaults=TOKEN, verl=_verl_dro, color="#525252",
+                     zeroes="none", defaults=TOKEN, verl=_verl_dro, color="#525252", samples=({}, {"dro_tau": 0.5}),
                      summary="the policy gradient with a quadratic log-ratio anchor (DRO)")
 register_policy_loss("gpg", "gpg_policy_loss", reads=("reduction",), old_policy=False, zeroes="none",
-                     defaults=TOKEN, verl=_verl_gpg, color="#393b79",
+                     defaults=TOKEN, verl=_verl_gpg, color="#393b79", samples=({},),
                      summary="plain -A log p, no ratio at all (GPG)")
 register_policy_loss("topr", "topr_policy_loss", reads=("reduction",), zeroes="none",
-                     defaults={"reduction": "constant"}, color="#637939",
+                     defaults={"reduction": "constant"}, color="#637939", samples=({},),
                      summary="negative responses weighted by their truncated sequence ratio (TOPR)")
 register_policy_loss("cegppo", "cegppo_policy_loss", reads=("epsilon", "epsilon_high", "cegppo_beta1",
                      "cegppo_beta2", "dual_clip", "reduction"), keywords={"cegppo_beta1": "beta1",
                      "cegppo_beta2": "beta2"}, zeroes="none", defaults=TOKEN, color="#8c6d31",
+                     samples=({}, {"cegppo_beta1": 0.5, "cegppo_beta2": 0.8, "dual_clip": 3.0}),
                      summary="the clip keeps a scaled gradient outside the range (CE-GPPO)")
 register_policy_loss("vespo", "vespo_policy_loss", reads=("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
                      "vespo_lambda_neg", "reduction"), keywords={"vespo_k_pos": "k_pos",
                      "vespo_lambda_pos": "lambda_pos", "vespo_k_neg": "k_neg", "vespo_lambda_neg": "lambda_neg"},
                      weights=False, zeroes="none", defaults=TOKEN, trl=_trl_vespo, color="#843c39",
+                     samples=({}, {"vespo_k_pos": 1.0, "vespo_lambda_pos": 2.0, "vespo_k_neg": 2.0,
+                               "vespo_lambda_neg": 1.0}),
                      summary="a smooth weight of the sequence ratio, w**k exp(lambda (1 - w)) (VESPO)")
 register_policy_loss("luspo", "luspo_policy_loss", reads=("epsilon", "epsilon_high"), ratio="sequence", weights=False,
-                     defaults={"epsilon": 3e-4, "epsilon_high": 4e-4}, trl=_trl_luspo, color="#e6550d",
+                     defaults={"epsilon": 3e-4, "epsilon_high": 4e-4}, trl=_trl_luspo, color="#e6550d", samples=({},),
                      summary="GSPO's clipped sequence ratio, weighted by the response's length (LUSPO)")
 
 
@@ -331,7 +337,7 @@ class Advantage:
     trl_config: str = "GRPOConfig"
     trl: object = None
     verl: object = None
-    samples: tuple = ((),)
+    samples: tuple = ()
     summary: str = ""
 
     @property
@@ -393,23 +399,24 @@ register_advantage("grpo", "group_relative_advantages", inputs="scores", reads={
                    fixed={"eps": 1e-4}, trl=_trl_grpo_advantage, verl=_verl_grpo_advantage,
                    summary="(reward - group mean) / std")
 register_advantage("rloo", "rloo_advantages", trl_config="RLOOConfig", trl=_trl_rloo_advantage,
-                   verl=_verl_estimator("rloo"), summary="reward - mean of the other responses of the prompt")
-register_advantage("maxrl", "maxrl_advantages", nonnegative=True, trl=_trl_no_advantage, verl=_verl_maxrl,
+                   verl=_verl_estimator("rloo"), samples=({}, {"kl_in": "reward", "kl_estimator": "k1"},
+                   {"kl_in": "reward", "kl_estimator": "k3"}, {"dual_clip": 3.0, "tis_cap": 2.0}), summary="reward - mean of the other responses of the prompt")
+register_advantage("maxrl", "maxrl_advantages", samples=({},), nonnegative=True, trl=_trl_no_advantage, verl=_verl_maxrl,
                    summary="(reward - mean) / mean: reward / p - 1 for a 0/1 reward (MaxRL)")
-register_advantage("reinforce-pp", "reinforce_pp_advantages", inputs="tokens", fixed={"gamma": 1.0},
+register_advantage("reinforce-pp", "reinforce_pp_advantages", samples=({},), inputs="tokens", fixed={"gamma": 1.0},
                    trl=_trl_no_advantage, verl=_verl_estimator(
                        "reinforce_plus_plus", "verl whitens with the unbiased variance and adds 1e-8 to its count"),
                    summary="the return whitened over the batch's kept tokens (REINFORCE++)")
-register_advantage("reinforce-pp-baseline", "reinforce_pp_baseline_advantages", inputs="lengths",
+register_advantage("reinforce-pp-baseline", "reinforce_pp_baseline_advantages", samples=({},), inputs="lengths",
                    trl=_trl_no_advantage, verl=_verl_estimator(
                        "reinforce_plus_plus_baseline", "verl whitens over tokens (masked_whiten): the lab weights "
                        "each response by its length, the same numbers up to its 1e-8"),
                    summary="reward - group mean, whitened over the batch's tokens (REINFORCE++ with baseline)")
-register_advantage("opo", "opo_advantages", inputs="lengths", trl=_trl_no_advantage, verl=_verl_estimator("opo"),
+register_advantage("opo", "opo_advantages", samples=({},), inputs="lengths", trl=_trl_no_advantage, verl=_verl_estimator("opo"),
                    summary="reward - the length-weighted group mean (OPO)")
-register_advantage("passk", "passk_advantages", trl=_trl_no_advantage, verl=_verl_estimator("grpo_passk"),
+register_advantage("passk", "passk_advantages", samples=({},), trl=_trl_no_advantage, verl=_verl_estimator("grpo_passk"),
                    summary="only the best response of a group gets credit: best - second best (pass@k)")
-register_advantage("gpg", "gpg_advantages", trl=_trl_no_advantage, verl=_verl_estimator("gpg"),
+register_advantage("gpg", "gpg_advantages", samples=({},), trl=_trl_no_advantage, verl=_verl_estimator("gpg"),
                    summary="(reward - group mean) scaled by the share of nonzero rewards (GPG)")
 
 
