@@ -28,6 +28,7 @@ from library_map import dpo_blocks, group_blocks, ppo_blocks
 from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of  # noqa: F401
 from rl_lab import (
     KL_ESTIMATORS,
+    STRAIGHT_THROUGH_KINDS,
     adaptive_entropy_coef,
     clip_fraction,
     clipped_policy_loss,
@@ -114,7 +115,8 @@ class RatioCorrectedK3:
 
 # --kl-estimator names -> the per-token estimator a loss takes; k3+ and k1+ have k3's (k1's) value and k2's
 # gradient, k3-is is built per batch (RatioCorrectedK3)
-LOSS_KL_ESTIMATORS = KL_ESTIMATORS | {kind: functools.partial(kl_straight_through, kind=kind) for kind in ("k3+", "k1+")}
+LOSS_KL_ESTIMATORS = KL_ESTIMATORS | {kind: functools.partial(kl_straight_through, kind=kind)
+                                      for kind in STRAIGHT_THROUGH_KINDS}
 RATIO_CORRECTED_KL = "k3-is"
 
 

@@ -267,7 +267,8 @@ register_policy_loss("dppo-tv", "dppo_policy_loss", reads=("epsilon", "epsilon_h
                      keywords={"epsilon": "delta", "epsilon_high": "delta_high", "dppo_cap": "cap"},
                      fixed={"kind": "tv"}, zeroes="none", defaults=TOKEN, ranges={"epsilon": POSITIVE,
                      "epsilon_high": POSITIVE}, verl=_verl_dppo("tv"), color="#17becf",
-                     samples=({}, {"epsilon_high": 0.3, "dppo_cap": 10.0}), summary="a trust region on the token's probability, p - q (DPPO)")
+                     samples=({}, {"epsilon_high": 0.3, "dppo_cap": 10.0}),
+                     summary="a trust region on the token's probability, p - q (DPPO)")
 register_policy_loss("dppo-kl", "dppo_policy_loss", reads=("epsilon", "epsilon_high", "dppo_cap", "reduction"),
                      keywords={"epsilon": "delta", "epsilon_high": "delta_high", "dppo_cap": "cap"},
                      fixed={"kind": "kl"}, zeroes="none", defaults=TOKEN, ranges={"epsilon": POSITIVE,
@@ -400,8 +401,10 @@ register_advantage("grpo", "group_relative_advantages", inputs="scores", reads={
                    summary="(reward - group mean) / std")
 register_advantage("rloo", "rloo_advantages", trl_config="RLOOConfig", trl=_trl_rloo_advantage,
                    verl=_verl_estimator("rloo"), samples=({}, {"kl_in": "reward", "kl_estimator": "k1"},
-                   {"kl_in": "reward", "kl_estimator": "k3"}, {"dual_clip": 3.0, "tis_cap": 2.0}), summary="reward - mean of the other responses of the prompt")
-register_advantage("maxrl", "maxrl_advantages", samples=({},), nonnegative=True, trl=_trl_no_advantage, verl=_verl_maxrl,
+                   {"kl_in": "reward", "kl_estimator": "k3"}, {"dual_clip": 3.0, "tis_cap": 2.0}),
+                   summary="reward - mean of the other responses of the prompt")
+register_advantage("maxrl", "maxrl_advantages", samples=({},), nonnegative=True, trl=_trl_no_advantage,
+                   verl=_verl_maxrl,
                    summary="(reward - mean) / mean: reward / p - 1 for a 0/1 reward (MaxRL)")
 register_advantage("reinforce-pp", "reinforce_pp_advantages", samples=({},), inputs="tokens", fixed={"gamma": 1.0},
                    trl=_trl_no_advantage, verl=_verl_estimator(
@@ -412,9 +415,11 @@ register_advantage("reinforce-pp-baseline", "reinforce_pp_baseline_advantages", 
                        "reinforce_plus_plus_baseline", "verl whitens over tokens (masked_whiten): the lab weights "
                        "each response by its length, the same numbers up to its 1e-8"),
                    summary="reward - group mean, whitened over the batch's tokens (REINFORCE++ with baseline)")
-register_advantage("opo", "opo_advantages", samples=({},), inputs="lengths", trl=_trl_no_advantage, verl=_verl_estimator("opo"),
+register_advantage("opo", "opo_advantages", samples=({},), inputs="lengths", trl=_trl_no_advantage,
+                   verl=_verl_estimator("opo"),
                    summary="reward - the length-weighted group mean (OPO)")
-register_advantage("passk", "passk_advantages", samples=({},), trl=_trl_no_advantage, verl=_verl_estimator("grpo_passk"),
+register_advantage("passk", "passk_advantages", samples=({},), trl=_trl_no_advantage,
+                   verl=_verl_estimator("grpo_passk"),
                    summary="only the best response of a group gets credit: best - second best (pass@k)")
 register_advantage("gpg", "gpg_advantages", samples=({},), trl=_trl_no_advantage, verl=_verl_estimator("gpg"),
                    summary="(reward - group mean) scaled by the share of nonzero rewards (GPG)")
