@@ -4,7 +4,8 @@ online.json, and the table of docs/bridge.md.
     python library_map.py                 # prints the table: lab setting -> TRL, verl, what still differs
     python bridge.py check                # builds every block into the libraries' own config objects
 
-For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}. Each block holds
+For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}; what is particular to a
+loss or an advantage comes from its registry entry (online_registry.py), so this file names none. Each block holds
 "config" (the library's config class or file), "options" (the option names and values that configure
 the same computation there; None, with a "reason", when the library has no trainer for it),
 "unmatched" (the lab's settings with no equivalent, each with a one-line reason) and "differences"
@@ -351,6 +352,35 @@ TABLE = [
     ("--tis-cap C", "vllm_importance_sampling_correction, mode token_truncate, clip_max C",
      "algorithm.rollout_correction.rollout_is=token, rollout_is_threshold C",
      "both correct the engine's numerics; the lab's mismatch is a different temperature or top-p"),
+    ("--algorithm dppo-tv | dppo-kl", "none", "policy_loss.loss_mode=dppo_tv | dppo_kl, clip_ratio_low/high = delta, "
+     "clip_ratio_c = --dppo-cap", "verl's ActorConfig caps the ratio at 3.0 (its code's fallback is 20)"),
+    ("--algorithm gmpo", "none", "policy_loss.loss_mode=geo_mean, clip_ratio_low/high", "verl clips in log space "
+     "too; its default range is 0.2, GMPO's examples 0.4"),
+    ("--algorithm clip-cov | kl-cov", "none", "loss_mode=clip_cov (clip_cov_ratio, clip_cov_lb, clip_cov_ub) | "
+     "kl_cov (kl_cov_ratio, ppo_kl_coef)", "verl draws Clip-Cov's tokens from torch's global generator"),
+    ("--algorithm dro | gpg", "none", "loss_mode=dro (policy_loss.dro_beta = --dro-tau) | gpg",
+     "verl's dro_beta has no default"),
+    ("--algorithm topr | cegppo", "none", "none", "no library home (ROLL has TOPR with token ratios; CE-GPPO is in "
+     "its authors' verl fork)"),
+    ("--algorithm vespo", "loss_type=\"vespo\", vespo_k_pos/lambda_pos/k_neg/lambda_neg", "none",
+     "TRL's vespo takes the token mean and no importance-sampling correction"),
+    ("--algorithm luspo", "loss_type=\"luspo\", importance_sampling_level=\"sequence\", epsilon, epsilon_high", "none",
+     "TRL's epsilon defaults to 0.2: set GSPO's 3e-4 and 4e-4"),
+    ("--advantage maxrl", "none", "none (SkyRL and the authors' verl fork: adv_estimator=maxrl)",
+     "R / p - 1 for a 0/1 reward"),
+    ("--advantage reinforce-pp | reinforce-pp-baseline | opo | passk | gpg", "none",
+     "adv_estimator=reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg",
+     "verl whitens with 1e-8 in its counts; the lab's reinforce-pp is at gamma 1"),
+    ("--rollout-correction token|sequence --rollout-correction-mode truncate|mask", "vllm_importance_sampling_mode="
+     "\"{level}_{mode}\", clip_min/clip_max", "rollout_correction.rollout_is=token|sequence, rollout_is_threshold "
+     "(\"low_high\")", "TRL only with use_vllm; verl's mask is rejection sampling (rollout_rs): unmatched"),
+    ("--off-policy-mask T", "off_policy_mask_threshold=T", "none", "DeepSeek-V3.2's sequence mask"),
+    ("--m2po T", "none", "none", "AReaL's actor.m2_threshold"),
+    ("--kl-estimator k3-is | k3+ | k1+", "use_bias_correction_kl=True (k3-is)", "kl_loss_type=k3+ | k1+",
+     "TRL's correction at the sequence level multiplies by s_i"),
+    ("--entropy-coef C --adaptive-entropy T", "entropy_coef, use_adaptive_entropy, entropy_target",
+     "actor.entropy_coeff (constant)", "TRL applies the adaptive coefficient only at or below its target"),
+    ("--top-entropy-quantile Q", "top_entropy_quantile=Q", "none", "TRL takes the quantile in float32"),
     ("--algorithm ppo (per-token KL in the reward)", "none: TRL 1.16 has no PPO trainer",
      "adv_estimator=gae, use_kl_in_reward, clip_ratio_low/high, clip_ratio_c=1e9", "verl's lam defaults to 1.0"),
     ("--truncation bootstrap", "none", "none: next value 0", "the lab's own: a cut response "

@@ -142,6 +142,7 @@ class GroupFamily:
         if self.entry.generator:  # Clip-Cov draws the tokens it detaches from the run's one generator
             kwargs["generator"] = generator
         self.kwargs = kwargs
+        self.reward_components = self.advantage.inputs == "components"  # the rollout scores each reward apart
         self.entropy_coef = cfg.entropy_coef  # moves each optimizer step with --adaptive-entropy
         self.entropy_bonus = cfg.entropy_coef > 0 or cfg.adaptive_entropy is not None
         self.extra_columns = [name for name, on in (
@@ -179,6 +180,9 @@ class GroupFamily:
             return entry.function(batch.scores, group_size, **kwargs, check=False)
         if entry.inputs == "groups":
             return entry.function(grouped, **kwargs, check=False).reshape(-1)
+        if entry.inputs == "components":  # (B*G, K) -> (B, G, K)
+            components = batch.reward_components.reshape(-1, group_size, batch.reward_components.shape[1])
+            return entry.function(components, **kwargs, check=False).reshape(-1)
         lengths = batch.mask.sum(dim=1)  # (B*G,) kept tokens, the EOS included
         if entry.inputs == "lengths":
             return entry.function(grouped, lengths.reshape(-1, group_size), **kwargs, check=False).reshape(-1)
@@ -214,6 +218,8 @@ class GroupFamily:
         drops (DeepSeek-V3.2), the tokens M2PO drops and the tokens below the entropy quantile, each judged
         on this pass's policy."""
         cfg, mask, columns = self.cfg, credit.loss_mask, {}
+        if cfg.off_policy_mask is None and cfg.m2po is None and cfg.top_entropy_quantile is None:
+            return mask, columns
         kept = max(int(mask.sum().item()), 1)
         sampler_logps = batch.sampler_logps.to(logps.dtype)
         if cfg.off_policy_mask is not None:
@@ -326,6 +332,7 @@ class TokenPPO:
 
     needs_critic = True
     extra_columns = []
+    reward_components = False
 
     def __init__(self, cfg, critic, generator=None):
         self.cfg, self.critic = cfg, critic
@@ -463,6 +470,7 @@ class PreferenceFamily:
     needs_critic = False
 
     extra_columns = []
+    reward_components = False
 
     def __init__(self, cfg, critic=None, generator=None):
         self.cfg, self.entry = cfg, PREFERENCE_LOSSES[cfg.dpo_loss]

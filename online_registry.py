@@ -326,7 +326,8 @@ class Advantage:
     inputs: "scores" (the (N,) scores and G: group_relative_advantages), "groups" ((B, G) scores),
     "lengths" ((B, G) scores and response lengths), "tokens" ((N, R) token rewards, the score on each
     response's last kept token, and the mask: one advantage per kept token, constant along a response at
-    gamma 1). reads: {setting: the atom's keyword}; fixed: keywords with one value. nonnegative: the atom
+    gamma 1), "components" ((B, G, K) the task's rewards one by one: a task with several). reads:
+    {setting: the atom's keyword}; fixed: keywords with one value. nonnegative: the atom
     needs scores >= 0 (MaxRL divides by the mean). trl_config: the TRL config class that holds it; trl /
     verl: the mappers of its options. samples: settings the bridge check builds with it."""
 
@@ -396,6 +397,18 @@ def _verl_maxrl(s, options, unmatched, differences):
                                     "adv_estimator=maxrl have it)")
 
 
+def _trl_gdpo(s, options, unmatched, differences):
+    options["multi_objective_aggregation"] = "normalize_then_sum"
+    differences.append("TRL sums its reward functions' normalized rewards (reward_weights 1): the lab's "
+                       "Countdown rewards are its two functions, correct and format")
+
+
+def _verl_gdpo(s, options, unmatched, differences):
+    options["algorithm.adv_estimator"] = "gdpo"
+    differences.append("verl's gdpo adds 1e-6 (the lab 1e-4) to its stds, weights the batch whitening by the "
+                       "token counts and takes its first stage in float32")
+
+
 register_advantage("grpo", "group_relative_advantages", inputs="scores", reads={"scale_rewards": "scale"},
                    fixed={"eps": 1e-4}, trl=_trl_grpo_advantage, verl=_verl_grpo_advantage,
                    summary="(reward - group mean) / std")
@@ -421,6 +434,9 @@ register_advantage("opo", "opo_advantages", samples=({},), inputs="lengths", trl
 register_advantage("passk", "passk_advantages", samples=({},), trl=_trl_no_advantage,
                    verl=_verl_estimator("grpo_passk"),
                    summary="only the best response of a group gets credit: best - second best (pass@k)")
+register_advantage("gdpo", "gdpo_advantages", inputs="components", trl=_trl_gdpo, verl=_verl_gdpo,
+                   samples=({"policy": "transformer"},),
+                   summary="each of the task's rewards normalized in its group, then the sum over the batch (GDPO)")
 register_advantage("gpg", "gpg_advantages", samples=({},), trl=_trl_no_advantage, verl=_verl_estimator("gpg"),
                    summary="(reward - group mean) scaled by the share of nonzero rewards (GPG)")
 

@@ -19,7 +19,7 @@ from lab_settings import SEED, STEPS, SettingError, check_value, declared, setti
 from online_algorithms import LOSS_KL_ESTIMATORS, RATIO_CORRECTED_KL
 from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
-from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASKS
+from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASK_REWARDS, TASKS
 from rl_lab import REDUCTIONS, ROLLOUT_LEVELS, ROLLOUT_MODES, SAPO_MIN_TAU
 
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
@@ -320,6 +320,17 @@ def check_combinations(values, options):
     if values["kl_estimator"] in GRADIENT_ONLY_KL and values["kl_in"] == "reward":
         raise _error("kl_estimator", f"{values['kl_estimator']} differs from k3 (k1) only in its gradient, and a KL "
                                      "in the reward (--kl-in reward) is not differentiated: take k3 or k1")
+    if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].inputs == "components":
+        rewards = TASK_REWARDS[values["task"]]
+        if len(rewards) < 2:
+            raise _error("advantage", f"{values['advantage']} normalizes each of several rewards apart; the "
+                                      f"{values['task']} task has one (countdown has {len(TASK_REWARDS['countdown'])}:"
+                                      f" --policy transformer)")
+        changed = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward"),
+                                         ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
+        if changed:
+            raise _error("advantage", f"{values['advantage']} reads the task's rewards one by one, and "
+                                      f"{' and '.join(changed)} would change only their sum")
     negative = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward" and values["beta"] > 0),
                                       ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
     if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].nonnegative and negative:

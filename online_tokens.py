@@ -149,7 +149,8 @@ class Batch:
     entropy at each position; kl_reference, KL(old || reference) over whole responses estimated on the
     batch (`kl_per_response`); scores (N,), the reward the credit uses (the algorithm's `scores`);
     responses_sampled, tokens_sampled: the budget spent, resampled responses included; filtered_groups:
-    groups dropped by dynamic sampling."""
+    groups dropped by dynamic sampling; reward_components (N, K), the task's rewards one by one (only for an
+    advantage that reads them)."""
 
     prompts: torch.Tensor
     completion_ids: torch.Tensor
@@ -166,6 +167,7 @@ class Batch:
     responses_sampled: int = 0
     tokens_sampled: int = 0
     filtered_groups: int = 0
+    reward_components: torch.Tensor = None
 
 
 def kl_per_response(logits, ref_logits, mask):
@@ -237,6 +239,9 @@ def rollout(state):
     else:
         batch = parts[0]
     batch.mask = completion_mask(batch.completion_ids, state.task.eos_id, batch.real, check=False)  # (N, R)
+    if state.algorithm.reward_components:  # an advantage that normalizes each of the task's rewards apart
+        batch.reward_components = state.task.reward_components(batch.prompts, batch.completion_ids, batch.real,
+                                                               batch.truncated)  # (N, K)
     with torch.no_grad():
         # from the same tempered logits the update uses: the ratio is exactly 1 at first
         old_logits = old.logits(batch.prompts, batch.completion_ids)  # (N, R, V)

@@ -909,7 +909,7 @@ class TransformerRuns(unittest.TestCase):
         switches = {"rollout_correction": "token", "off_policy_mask": 0.5, "m2po": 0.04, "kl_estimator": "k3-is",
                     "entropy_coef": 0.01, "adaptive_entropy": 0.3, "top_entropy_quantile": 0.5}
         extra = ["off_policy_masked_fraction", "m2po_masked_fraction", "entropy_masked_fraction", "entropy_coef"]
-        for options in [{"advantage": name} for name in NEW_ADVANTAGES] + [switches]:
+        for options in [{"advantage": name} for name in NEW_ADVANTAGES + ("gdpo",)] + [switches]:
             with self.subTest(**options):
                 rows, report = online_tokens.train(steps=1, **options, **self.small)
                 columns = online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS
@@ -917,6 +917,16 @@ class TransformerRuns(unittest.TestCase):
                 self.assertEqual(rows[-1]["optimizer_steps"], 2)
                 self.assertTrue(all(math.isfinite(rows[-1][name]) for name in columns + extra if name in rows[-1]))
                 self.assertEqual({name: report["settings"][name] for name in options}, options)
+
+    def test_gdpo_normalizes_countdowns_correctness_and_format_apart(self):
+        state = online_tokens.setup(advantage="gdpo", **self.small)
+        batch, credit = rollout_with_credit(state)
+        components = TASK_COUNTDOWN.reward_components(batch.prompts, batch.completion_ids, batch.real, batch.truncated)
+        self.assertTrue(torch.equal(batch.reward_components, components))
+        self.assertEqual(components[:, 0].tolist(), TASK_COUNTDOWN.correct(batch.rewards).double().tolist())
+        expected = rl_lab.gdpo_advantages(components.reshape(4, 4, 2)).reshape(-1).to(credit.advantages.dtype)
+        torch.testing.assert_close(credit.advantages, expected, rtol=0, atol=0)
+        self.assertGreater(len(set(components[:, 1].tolist())), 1)  # the format reward varies in this batch
 
     def test_pass_at_k_before_and_after_on_every_test_prompt(self):
         rows, report = online_tokens.train(steps=1, **{**self.small, "eval_samples": 4})
