@@ -360,6 +360,7 @@ def default_output(algorithm, options):
     default folder."""
     policy = options.get("policy", BY_NAME["policy"].default)
     defaults = {item.name: item.default for item in SETTINGS} | POLICY_DEFAULTS[policy]
+    defaults |= POLICY_LOSSES[algorithm].defaults if algorithm in POLICY_LOSSES else {}  # a loss's own reduction
     prefix = "results-online" if policy == BY_NAME["policy"].default else f"results-online-{policy}"
     if algorithm == "all":
         name = f"{prefix}-all"

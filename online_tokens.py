@@ -1,11 +1,15 @@
 """Online RL on a tiny autoregressive policy: sample, verify, update, token by token. PPO with a critic,
 online DPO, GRPO, CISPO, GSPO and SAPO on one task, with the field's switches (RLOO, Dr. GRPO, DAPO,
-dual-clip, k1/k2/k3, KL in the loss or the reward, truncation, sampler mismatch and TIS).
+dual-clip, k1/k2/k3, KL in the loss or the reward, truncation, sampler mismatch and TIS), and the second
+wave registered in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO,
+LUSPO; MaxRL, REINFORCE++, OPO, pass@k, GDPO; rollout correction, off-policy and M2PO masks, k3-is/k3+/k1+,
+the entropy bonus, its adaptive coefficient and the high-entropy mask).
 
     python online_tokens.py                              # GRPO -> results-online-grpo-sequence/online.{csv,json}
     python online_tokens.py --algorithm cispo            # -> results-online-cispo-sequence/
     python online_tokens.py --algorithm ppo              # PPO + GAE with a critic -> results-online-ppo/
     python online_tokens.py --algorithm all              # PPO, DPO, GRPO, CISPO at one budget -> results-online-all/
+    python online_tokens.py --algorithm dppo-tv --advantage maxrl   # -> results-online-dppo-tv-token-advantage-maxrl/
 
 The loop of RL with a verifiable reward (RLVR), on a CPU in a fraction of a second. The task (tasks.py):
 the prompt is a number n in 0..5 and the correct answer is n in binary followed by EOS; a rule-based
@@ -606,7 +610,9 @@ def build_parser():
     parser = OneLineErrorParser(
         prog="online_tokens.py",
         description="Online RL of a tiny autoregressive policy with a rule-based verifier: PPO (critic + GAE), "
-                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO, with the field's switches; writes "
+                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO and every loss and advantage registered "
+                    "in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO; "
+                    "MaxRL, REINFORCE++, OPO, pass@k, GDPO, GPG), with the field's switches; writes "
                     "online.csv and online.json (per algorithm, plus a comparison table for --algorithm all). "
                     "Every option is off (or the first release's value) by default; one that does not apply "
                     "to the algorithm is an error.",

@@ -24,7 +24,7 @@ import online_algorithms
 import online_registry
 import rl_lab
 from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
-from online_settings import resolve
+from online_settings import default_output, resolve
 from policies import TableCritic, logps_of_tokens, nucleus
 from tasks import BinaryTask
 from rl_lab import DTYPE, dpo_loss, grpo_policy_loss, sequence_log_ratio, clipped_policy_loss
@@ -859,6 +859,12 @@ class SecondWave(unittest.TestCase):
         # ties at the quantile stay in: at least the top quarter, far from every token
         self.assertTrue(0.25 * len(values) <= int(left.sum()) < 0.5 * len(values))
         self.assertAlmostEqual(columns["entropy_masked_fraction"], 1 - int(left.sum()) / len(values), places=15)
+
+    def test_the_default_folder_names_the_losss_own_reduction(self):
+        self.assertEqual(default_output("dppo-tv", {"advantage": "maxrl"}), "results-online-dppo-tv-token-advantage-maxrl")
+        self.assertEqual(default_output("topr", {"reduction": "constant"}), "results-online-topr-constant")
+        self.assertEqual(default_output("topr", {"reduction": "token"}), "results-online-topr-token")
+        self.assertEqual(default_output("luspo", {}), "results-online-luspo-sequence")  # its own, per sequence
 
     def test_every_entry_has_its_atom_a_colour_of_its_own_and_a_known_mapping(self):
         for name, entry in POLICY_LOSSES.items():
