@@ -102,6 +102,18 @@ class GroupCredit:
         return bool(self.loss_mask.bool().any())  # every response masked out (all truncated): nothing to learn
 
 
+@dataclass
+class PassMasks:
+    """What one pass's masks leave: loss_mask (B*G, R), the tokens the loss counts; keep (B*G, R) 0/1 or None,
+    the factor of each token's policy term (a dropped token stays in the count and the KL); bonus_mask, the
+    tokens the entropy bonus averages; columns, the share each mask dropped."""
+
+    loss_mask: torch.Tensor
+    keep: torch.Tensor | None
+    bonus_mask: torch.Tensor
+    columns: dict
+
+
 class RatioCorrectedK3:
     """`kl_k3_is_corrected` as the per-token estimator a loss calls, estimator(policy, ref, check=False),
     with the old log-probs of the batch being trained on (--kl-estimator k3-is)."""
@@ -214,28 +226,35 @@ class GroupFamily:
         return GroupCredit(advantages, loss_mask, weights)
 
     def masks(self, logps, batch, credit, entropies):
-        """(the pass's loss mask, its columns): the credit's mask without the responses the off-policy mask
-        drops (DeepSeek-V3.2), the tokens M2PO drops and the tokens below the entropy quantile, each judged
-        on this pass's policy."""
+        """The pass's PassMasks, each mask judged on this pass's policy: the responses the off-policy mask
+        drops (DeepSeek-V3.2), the tokens M2PO drops, the tokens below the entropy quantile. As TRL does,
+        the off-policy and the entropy masks zero the policy term and leave the token in the reduction's
+        count and in the KL (a factor beside the importance weights); a loss that takes no weights drops
+        the token from its loss mask instead, and so does M2PO."""
         cfg, mask, columns = self.cfg, credit.loss_mask, {}
         if cfg.off_policy_mask is None and cfg.m2po is None and cfg.top_entropy_quantile is None:
-            return mask, columns
+            return PassMasks(mask, None, mask, columns)
         kept = max(int(mask.sum().item()), 1)
         sampler_logps = batch.sampler_logps.to(logps.dtype)
-        if cfg.off_policy_mask is not None:
-            keep = off_policy_sequence_mask(logps, sampler_logps, credit.advantages, mask, cfg.off_policy_mask,
-                                            check=False)  # (B*G,)
-            columns["off_policy_masked_fraction"] = (~keep).double().mean().item()
-            mask = mask * keep.unsqueeze(1).long()  # (B*G,) -> (B*G, 1): the whole response
+        keep = torch.ones_like(logps)  # (B*G, R): the policy term's factor
         if cfg.m2po is not None:
             reduced = m2po_mask(logps, sampler_logps, mask, cfg.m2po, check=False).long()  # (B*G, R)
             columns["m2po_masked_fraction"] = (mask.sum() - reduced.sum()).item() / kept
             mask = reduced
+        if cfg.off_policy_mask is not None:
+            responses = off_policy_sequence_mask(logps, sampler_logps, credit.advantages, credit.loss_mask,
+                                                 cfg.off_policy_mask, check=False)  # (B*G,)
+            columns["off_policy_masked_fraction"] = (~responses).double().mean().item()
+            keep = keep * responses.unsqueeze(1)  # (B*G,) -> (B*G, 1): the whole response
+        bonus_mask = mask
         if cfg.top_entropy_quantile is not None:
-            reduced = high_entropy_token_mask(entropies, mask, cfg.top_entropy_quantile, check=False).long()
-            columns["entropy_masked_fraction"] = (mask.sum() - reduced.sum()).item() / kept
-            mask = reduced
-        return mask, columns
+            high = high_entropy_token_mask(entropies, credit.loss_mask, cfg.top_entropy_quantile,
+                                           check=False)  # (B*G, R)
+            columns["entropy_masked_fraction"] = (mask.sum() - high.sum()).item() / kept
+            keep, bonus_mask = keep * high, mask * high.long()  # TRL's bonus averages the same tokens
+        if not self.entry.weights:
+            return PassMasks(mask * keep.long(), None, bonus_mask, columns)
+        return PassMasks(mask, keep, bonus_mask, columns)
 
     def loss(self, logps, batch, credit, first_pass, logits=None):
         """One pass: the registered loss (plus the entropy bonus) and the ratios it saw (per kept token, or
@@ -244,18 +263,22 @@ class GroupFamily:
         entropies = None
         if self.entropy_bonus or cfg.top_entropy_quantile is not None:
             entropies = token_entropy(logits, check=False)  # (B*G, R), with grad
-        mask, columns = self.masks(logps.detach(), batch, credit, None if entropies is None else entropies.detach())
-        if credit.importance_weights is not None:
-            kwargs = {**kwargs, "importance_weights": credit.importance_weights}
+        masks = self.masks(logps.detach(), batch, credit, None if entropies is None else entropies.detach())
+        weights = credit.importance_weights
+        if masks.keep is not None:
+            weights = masks.keep if weights is None else weights * masks.keep
+        if weights is not None:
+            kwargs = {**kwargs, "importance_weights": weights}
         if cfg.kl_estimator == RATIO_CORRECTED_KL:
             kwargs = {**kwargs, "kl_estimator": RatioCorrectedK3(masked(batch.old_logps, batch.mask))}
         inputs = (logps, batch.old_logps, batch.ref_logps) if entry.old_policy else (logps, batch.ref_logps)
-        loss = entry.function(*inputs, credit.advantages, mask, **kwargs)
+        loss = entry.function(*inputs, credit.advantages, masks.loss_mask, **kwargs)
+        columns = masks.columns
         if self.entropy_bonus:
-            loss = loss + entropy_bonus(entropies, credit.loss_mask, self.entropy_coef, check=False)
+            loss = loss + entropy_bonus(entropies, masks.bonus_mask, self.entropy_coef, check=False)
             columns["entropy_coef"] = self.entropy_coef
             if cfg.adaptive_entropy is not None:  # Skywork-OR1: one step of the coefficient per optimizer step
-                entropy = masked(entropies.detach(), credit.loss_mask).sum() / credit.loss_mask.sum().clamp(min=1)
+                entropy = masked(entropies.detach(), masks.bonus_mask).sum() / masks.bonus_mask.sum().clamp(min=1)
                 self.entropy_coef = adaptive_entropy_coef(self.entropy_coef, entropy.item(), cfg.adaptive_entropy,
                                                           check=False)
         with torch.no_grad():

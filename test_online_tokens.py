@@ -777,29 +777,46 @@ class SecondWave(unittest.TestCase):
         self.assertTrue(0 < int((masked_weights[:, 0] == 0).sum()) < batch.mask.shape[0])  # some masked, not all
 
     def test_the_off_policy_mask_drops_only_negative_responses_far_from_the_sampler(self):
-        state, batch, credit = moved_batch({"rollout_temperature": 2.0, "off_policy_mask": 0.05})
+        state, batch, credit = moved_batch({"rollout_temperature": 2.0, "off_policy_mask": 0.05, "reduction": "token"})
         logps = current_logps(state, batch).detach()
-        mask, columns = state.algorithm.masks(logps, batch, credit, None)
+        masks = state.algorithm.masks(logps, batch, credit, None)
         kept = batch.mask.bool()
-        dropped = 0
+        dropped = []
+        for row in range(kept.shape[0]):  # a loop over responses
+            gap = (batch.sampler_logps[row] - logps[row])[kept[row]].mean().item()
+            dropped.append(credit.advantages[row].item() < 0 and gap > 0.05)
+            self.assertEqual(masks.keep[row].tolist(), [0.0 if dropped[-1] else 1.0] * 5)
+        self.assertTrue(0 < sum(dropped) < int((credit.advantages < 0).sum()))
+        self.assertEqual(masks.columns["off_policy_masked_fraction"], sum(dropped) / 64)
+        # as TRL: a dropped response's policy term is 0, its tokens stay in the token mean's count
+        self.assertTrue(torch.equal(masks.loss_mask, credit.loss_mask))
+        loss = state.algorithm.loss(logps, batch, credit, first_pass=False)[0]
+        expected = grpo_policy_loss(logps, batch.old_logps, batch.ref_logps, credit.advantages, batch.mask, beta=0.02,
+                                    reduction="token", importance_weights=masks.keep)
+        self.assertEqual(loss.item(), expected.item())
+        # a loss that takes no weights (VESPO) drops the responses from its mask instead
+        state, batch, credit = moved_batch({"algorithm": "vespo", "rollout_temperature": 2.0, "off_policy_mask": 0.05})
+        logps = current_logps(state, batch).detach()
+        masks = state.algorithm.masks(logps, batch, credit, None)
+        self.assertIsNone(masks.keep)
+        kept = batch.mask.bool()
         for row in range(kept.shape[0]):
             gap = (batch.sampler_logps[row] - logps[row])[kept[row]].mean().item()
             drop = credit.advantages[row].item() < 0 and gap > 0.05
-            dropped += drop
-            self.assertEqual(mask[row].tolist(), [0] * 5 if drop else credit.loss_mask[row].tolist())
-        self.assertTrue(0 < dropped < int((credit.advantages < 0).sum()))
-        self.assertEqual(columns["off_policy_masked_fraction"], dropped / 64)
+            self.assertEqual(masks.loss_mask[row].tolist(), [0] * 5 if drop else credit.loss_mask[row].tolist())
+        self.assertGreater(masks.columns["off_policy_masked_fraction"], 0.0)
 
     def test_m2po_drops_the_largest_squared_log_ratios_until_their_mean_is_below_the_threshold(self):
         state, batch, credit = moved_batch({"rollout_temperature": 2.0, "m2po": 0.04})
         logps = current_logps(state, batch).detach()
-        mask, columns = state.algorithm.masks(logps, batch, credit, None)
+        masks = state.algorithm.masks(logps, batch, credit, None)
         squared = (logps - batch.sampler_logps).square()
-        kept, left = batch.mask.bool(), mask.bool()
+        kept, left = batch.mask.bool(), masks.loss_mask.bool()
         self.assertLess(squared[left].mean().item(), 0.04)
         self.assertGreaterEqual(squared[kept & ~left].min().item(), squared[left].max().item())
         self.assertGreater(int((kept & ~left).sum()), 0)
-        self.assertAlmostEqual(columns["m2po_masked_fraction"], int((kept & ~left).sum()) / int(kept.sum()), places=15)
+        self.assertAlmostEqual(masks.columns["m2po_masked_fraction"], int((kept & ~left).sum()) / int(kept.sum()),
+                               places=15)
 
     def test_k3_is_and_k3_plus_have_k3s_value_and_k2s_gradient_on_the_first_pass(self):
         def first_pass(estimator):
@@ -851,8 +868,11 @@ class SecondWave(unittest.TestCase):
         batch, credit = rollout_with_credit(state)
         logits = state.policy.logits(batch.prompts, batch.completion_ids).detach()
         entropies = rl_lab.token_entropy(logits)
-        mask, columns = state.algorithm.masks(current_logps(state, batch).detach(), batch, credit, entropies)
-        kept, left = batch.mask.bool(), mask.bool()
+        masks = state.algorithm.masks(current_logps(state, batch).detach(), batch, credit, entropies)
+        columns = masks.columns
+        self.assertTrue(torch.equal(masks.loss_mask, credit.loss_mask))  # as TRL: low-entropy tokens stay counted
+        self.assertTrue(torch.equal(masks.bonus_mask.bool(), masks.keep.bool()))  # the bonus averages the kept ones
+        kept, left = batch.mask.bool(), masks.keep.bool()
         values = sorted(entropies[kept].tolist())
         threshold = torch.quantile(entropies[kept], 0.75).item()
         self.assertEqual(left.tolist(), (kept & (entropies >= threshold)).tolist())
