@@ -46,6 +46,7 @@ from lab_checks import torch_threads  # noqa: E402
 from lab_io import OneLineErrorParser, run_cli  # noqa: E402
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks  # noqa: E402
 from online_algorithms import WHITEN_EPS, GroupCredit, GroupFamily, PreferenceFamily  # noqa: E402
+from online_registry import ADVANTAGES, POLICY_LOSSES  # noqa: E402
 from online_settings import BY_NAME, OnlineConfig, resolve  # noqa: E402
 from rl_lab import (  # noqa: E402
     clipped_policy_loss,
@@ -65,17 +66,14 @@ TOLERANCE = 1e-10
 # (grpo_trainer.py line 3122): in a float64 batch its gate carries float32 rounding
 SAPO_TRL_TOLERANCE = 1e-7
 
-# Every algorithm and every switch of online_tokens.py at least once (check builds them all).
+# Every algorithm and every switch of online_tokens.py at least once (check builds them all): the shared
+# switches here, then each registered loss and advantage with the samples its entry names.
 REPRESENTATIVE_SETTINGS = [
     {},
     {"reduction": "token"},
     {"reduction": "constant"},
     {"scale_rewards": "batch"},
     {"scale_rewards": "none"},
-    {"advantage": "rloo"},
-    {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k1"},
-    {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k3"},
-    {"advantage": "rloo", "dual_clip": 3.0, "tis_cap": 2.0},
     {"epsilon_high": 0.28},
     {"dual_clip": 3.0},
     {"dual_clip": 1.1},
@@ -90,13 +88,17 @@ REPRESENTATIVE_SETTINGS = [
     {"rollout_temperature": 1.5},
     {"rollout_top_p": 0.9},
     {"tis_cap": 2.0},
-    {"algorithm": "cispo"},
-    {"algorithm": "cispo", "reduction": "token"},
-    {"algorithm": "cispo", "reduction": "constant", "tis_cap": 2.0},
-    {"algorithm": "gspo"},
-    {"algorithm": "gspo", "beta": 0.02},
-    {"algorithm": "sapo"},
-    {"algorithm": "sapo", "reduction": "token"},
+    {"rollout_correction": "token"},
+    {"rollout_correction": "sequence", "rollout_correction_low": 0.5, "rollout_correction_high": 3.0},
+    {"rollout_correction": "token", "rollout_correction_mode": "mask"},
+    {"off_policy_mask": 0.5},
+    {"m2po": 0.04},
+    {"kl_estimator": "k3-is"},
+    {"kl_estimator": "k3+"},
+    {"kl_estimator": "k1+"},
+    {"entropy_coef": 0.01},
+    {"adaptive_entropy": 0.3, "entropy_coef": 0.01},
+    {"top_entropy_quantile": 0.2},
     {"algorithm": "ppo"},
     {"algorithm": "ppo", "value_clip": 0.2},
     {"algorithm": "ppo", "whiten_advantages": False, "truncation": "terminal"},
@@ -118,6 +120,10 @@ REPRESENTATIVE_SETTINGS = [
     {"algorithm": "dpo", "offline": True, "dpo_loss": "simpo"},
     {"algorithm": "dpo", "offline": True, "dpo_loss": "simpo", "sequence_logp": "sum"},
 ]
+REPRESENTATIVE_SETTINGS += [{"algorithm": name, **sample} for name, entry in POLICY_LOSSES.items()
+                            for sample in entry.samples]
+REPRESENTATIVE_SETTINGS += [{"advantage": name, **sample} for name, entry in ADVANTAGES.items()
+                            for sample in entry.samples]
 
 # The GRPO-family settings whose loss conformance compares (the ones both libraries map, and a few
 # whose unmatched part is measured rather than hidden).

@@ -291,19 +291,38 @@ class CountdownTask:
         self._check_response(tokens, truncated)
         return self._score(prompt, tokens, truncated)
 
-    def _score(self, prompt, tokens, truncated):
-        """`verify` without the argument checks."""
+    def _judge(self, prompt, tokens, truncated):
+        """(legal, correct) of one response: a legal expression then EOS, and one that also hits the target."""
         if truncated:  # every legal expression fits the cap with its EOS: this one never stopped
-            return 0.0
+            return False, False
         body = tokens[:-1]
         set_index, target = self._prompts[prompt].set_index, self._prompts[prompt].target
         numbers, operators = body[0::2], [self._operator_of.get(token) for token in body[1::2]]
         legal = (len(body) % 2 == 1 and len(numbers) >= 2 and None not in operators
                  and all(number in self._sets[set_index] for number in numbers)  # digit d has id d
                  and len(set(numbers)) == len(numbers))
+        return legal, legal and _evaluate(numbers, operators) == target
+
+    def _score(self, prompt, tokens, truncated):
+        """`verify` without the argument checks."""
+        legal, correct = self._judge(prompt, tokens, truncated)
         if not legal:
             return 0.0
-        return REWARD_CORRECT if _evaluate(numbers, operators) == target else self.config.partial_credit
+        return REWARD_CORRECT if correct else self.config.partial_credit
+
+    # the task's rewards one by one, for an advantage that normalizes each apart (GDPO): the correctness
+    # reward and a format reward (a legal expression then EOS, whatever its value)
+    reward_names = ("correct", "format")
+
+    def reward_components(self, prompts, completion_ids, real, truncated):
+        """(N, 2) float64: per response 1.0 or 0.0 for each of `reward_names`, from the same verdict as
+        `rewards` (whose arguments it takes, unchecked: the rollout's own batch)."""
+        verdicts = []
+        for prompt, ids, kept, cut in zip(self._prompt_list(prompts), completion_ids.tolist(),
+                                          real.bool().sum(dim=1).tolist(), truncated.tolist()):
+            legal, correct = self._judge(prompt, ids[:kept], cut)
+            verdicts.append((float(correct), float(legal)))
+        return torch.tensor(verdicts, dtype=torch.float64)  # (N, 2)
 
     def rewards(self, prompts, completion_ids, real, truncated):
         """(N,) float64 the verifier's reward of each of N responses: row i equals

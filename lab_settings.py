@@ -59,6 +59,9 @@ class Setting:
     flag: str | None = None
     action: str | None = None  # "store_true" / "store_false" for a bool switch
     default_text: str | None = None  # --help's default where it depends on other settings
+    # left out of the JSON settings block while it changes nothing (at its default, or its `requires` unmet):
+    # the switches added after the committed runs, whose files stay byte-identical
+    quiet: bool = False
     name: str = ""
 
     @property

@@ -4,7 +4,8 @@ online.json, and the table of docs/bridge.md.
     python library_map.py                 # prints the table: lab setting -> TRL, verl, what still differs
     python bridge.py check                # builds every block into the libraries' own config objects
 
-For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}. Each block holds
+For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}; what is particular to a
+loss or an advantage comes from its registry entry (online_registry.py), so this file names none. Each block holds
 "config" (the library's config class or file), "options" (the option names and values that configure
 the same computation there; None, with a "reason", when the library has no trainer for it),
 "unmatched" (the lab's settings with no equivalent, each with a one-line reason) and "differences"
@@ -23,18 +24,20 @@ from __future__ import annotations
 import sys
 
 from lab_io import OneLineErrorParser, run_cli
+from online_registry import (
+    ACTOR,
+    ADVANTAGES,
+    POLICY_LOSSES,
+    PREFERENCE_LOSSES,
+    VERL_NO_DUAL_CLIP,
+    epsilon_high_of,
+    family_of,
+)
 
-ACTOR = "actor_rollout_ref.actor."
 ROLLOUT = "actor_rollout_ref.rollout."
 
-GROUP_LOSS_TYPES = {"sequence": "grpo", "token": "dapo", "constant": "dr_grpo"}
 VERL_AGG_MODES = {"sequence": "seq-mean-token-mean", "token": "token-mean", "constant": "seq-mean-token-sum-norm"}
-VERL_KL_NAMES = {"k1": "k1", "k2": "mse", "k3": "low_var_kl"}
-
-
-# verl's vanilla loss always applies dual-clip (clip_ratio_c, default 3.0, asserted > 1); its ratio is exp of a
-# log-ratio clamped at 20, so at most e**20 = 4.85e8, and a constant above that never binds: dual-clip off.
-VERL_NO_DUAL_CLIP = 1e9
+VERL_KL_NAMES = {"k1": "k1", "k2": "mse", "k3": "low_var_kl", "k3+": "k3+", "k1+": "k1+"}
 TRL_NO_PPO = ("TRL 1.16 has no PPO trainer: trl.experimental.ppo was removed (no PPOConfig or PPOTrainer in the "
               "package); verl's block is the way out for PPO")
 RLOO_LOSS = ("TRL's RLOOTrainer has one loss: PPO-clip of one ratio per sequence, exp of the SUMMED token "
@@ -53,153 +56,90 @@ def _common(s):
 
 
 # ---------------------------------------------------------------------------------------------
-# Each GRPO-family loss in each library: one function per loss, registered by the lab's name. A loss
-# the lab registers without an entry here is reported as unmatched in both blocks.
+# The GRPO family: the loss's and the advantage's own options come from their registry entries
+# (online_registry.py); what follows is what every loss shares.
 # ---------------------------------------------------------------------------------------------
 
 
-def _trl_grpo(s, options, unmatched, differences):
-    epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
-    options.update({"loss_type": GROUP_LOSS_TYPES[s["reduction"]], "epsilon": s["epsilon"],
-                    "epsilon_high": epsilon_high})
-    if s["dual_clip"] is not None and s["dual_clip"] >= 1.0 + epsilon_high:
-        options["delta"] = s["dual_clip"]
-        differences.append("TRL's delta caps the ratio itself (INTELLECT-2): for A < 0 the same bound as "
-                           "dual-clip; for A > 0 the upper clip binds first, since delta >= 1 + epsilon_high")
-    elif s["dual_clip"] is not None:
-        unmatched["dual_clip"] = (f"TRL's delta caps the ratio for A > 0 too: below 1 + epsilon_high "
-                                  f"({1.0 + epsilon_high:g}) it clips tokens the lab's dual-clip keeps")
+def _trl_rloo(s, loss, options, unmatched, differences):
+    """RLOOConfig's part: one loss of its own, no IS correction, the KL (k1) only in the reward."""
+    if loss.rloo_epsilon:
+        options.update({"epsilon": s["epsilon"], "epsilon_high": epsilon_high_of(s)})
+    if not loss.rloo_loss:
+        unmatched[f"algorithm={s['algorithm']}"] = RLOO_LOSS + f"; no {s['algorithm']} loss"
+    differences.append(RLOO_LOSS + "; the lab clips each token's ratio and reduces by its --reduction")
+    if s["dual_clip"] is not None:
+        unmatched["dual_clip"] = "RLOOConfig has no delta or dual-clip option"
+    if s["tis_cap"] is not None:
+        unmatched["tis_cap"] = "RLOOConfig has no importance-sampling correction options"
+    options["beta"] = 0.0
+    if s["kl_in"] == "reward" and s["kl_estimator"] == "k1":
+        options["beta"] = s["beta"]
+    elif s["kl_in"] == "reward":
+        unmatched[f"kl_estimator={s['kl_estimator']}"] = "RLOO's reward KL is k1 only (summed over the response)"
+    elif s["beta"] > 0:
+        unmatched["kl_in=loss"] = ("RLOOConfig's beta subtracts beta * (summed k1) from the reward: RLOO has no "
+                                   "KL loss term")
 
 
-def _trl_gspo(s, options, unmatched, differences):
-    options.update({"importance_sampling_level": "sequence", "loss_type": "grpo", "epsilon": s["epsilon"],
-                    "epsilon_high": s["epsilon_high"]})
+def _trl_grpo_config(s, loss, options, unmatched, differences):
+    """GRPOConfig's part: the loss's entry, then the KL and the importance-sampling correction."""
+    loss.trl(s, options, unmatched, differences)
+    # TRL 1.16 corrects k3 by default (use_bias_correction_kl: k3 times the ratio pi/pi_old, whose expected
+    # gradient is that of KL(pi || ref), the DeepSeek-V3.2 correction). The lab's k3 is the uncorrected one of
+    # the lesson and DeepSeekMath, so the map turns the correction off unless --kl-estimator k3-is asks for it.
+    options["use_bias_correction_kl"] = s["kl_estimator"] == "k3-is"
+    if s["kl_in"] == "loss":
+        options["beta"] = s["beta"]
+        if s["kl_estimator"] not in ("k3", "k3-is"):
+            unmatched[f"kl_estimator={s['kl_estimator']}"] = "TRL's GRPO loss has only k3"
+        if s["kl_estimator"] == "k3-is" and loss.ratio == "sequence":
+            differences.append("TRL's k3 correction at importance_sampling_level=sequence multiplies by the "
+                               "sequence's ratio s_i; the lab's by each token's")
+    else:
+        options["beta"] = 0.0
+        unmatched["kl_in=reward"] = ("TRL's GRPO KL is a loss term; only RLOOTrainer folds a KL (k1, summed) "
+                                     "into the reward")
+    if s["tis_cap"] is not None:
+        options.update({"use_vllm": True, "vllm_importance_sampling_correction": True,
+                        "vllm_importance_sampling_mode": "token_truncate",
+                        "vllm_importance_sampling_clip_max": s["tis_cap"]})
+        differences.append("TRL corrects vLLM's numerics against the trainer's, and only with use_vllm; its "
+                           "default mode is sequence_mask, not token_truncate")
+    elif s["rollout_correction"] is not None:
+        options.update({"use_vllm": True, "vllm_importance_sampling_correction": True,
+                        "vllm_importance_sampling_mode": f"{s['rollout_correction']}_{s['rollout_correction_mode']}",
+                        "vllm_importance_sampling_clip_max": s["rollout_correction_high"]})
+        if s["rollout_correction_low"] is not None:
+            options["vllm_importance_sampling_clip_min"] = s["rollout_correction_low"]
+        differences.append("TRL corrects vLLM's numerics against the trainer's, and only with use_vllm")
+    else:
+        options["vllm_importance_sampling_correction"] = False
+    if s["off_policy_mask"] is not None:
+        options["off_policy_mask_threshold"] = s["off_policy_mask"]
+    _trl_entropy(s, options, unmatched, differences)
 
 
-def _trl_own_reduction(s, unmatched, own):
-    """TRL's cispo and sapo loss types fix their reduction: another --reduction is unmatched."""
-    if s["reduction"] != own:
-        unmatched[f"reduction={s['reduction']}"] = (
-            f"TRL's loss_type={s['algorithm']!r} fixes its own reduction "
-            f"({'token mean over the batch' if own == 'token' else 'per-sequence mean'})")
-
-
-def _trl_cispo(s, options, unmatched, differences):
-    options["loss_type"] = "cispo"
-    options["epsilon_high"] = s["epsilon_high"]
-    differences.append("TRL's cispo cap is absolute like the lab's; left unset, epsilon_high falls back "
-                       "to epsilon (0.2), a cap below 1")
-    _trl_own_reduction(s, unmatched, "token")
-
-
-def _trl_sapo(s, options, unmatched, differences):
-    options["loss_type"] = "sapo"
-    options.update({"sapo_temperature_pos": s["tau_pos"], "sapo_temperature_neg": s["tau_neg"]})
-    _trl_own_reduction(s, unmatched, "sequence")
-
-
-def _trl_unmapped(s, options, unmatched, differences):
-    unmatched[f"algorithm={s['algorithm']}"] = "no TRL loss_type is mapped to this loss"
-
-
-def _verl_grpo(s, options, unmatched, differences):
-    epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
-    options.update({ACTOR + "policy_loss.loss_mode": "vanilla", ACTOR + "clip_ratio_low": s["epsilon"],
-                    ACTOR + "clip_ratio_high": epsilon_high})
-    options[ACTOR + "clip_ratio_c"] = s["dual_clip"] if s["dual_clip"] is not None else VERL_NO_DUAL_CLIP
-    if s["dual_clip"] is None:
-        differences.append("verl's vanilla loss always applies dual-clip (clip_ratio_c, default 3.0): 1e9 "
-                           "turns it off, since verl's ratio never exceeds e**20")
-    differences.append("verl clamps the log-ratio to [-20, 20] before exp()")
-
-
-def _verl_cispo(s, options, unmatched, differences):
-    options.update({ACTOR + "policy_loss.loss_mode": "cispo", ACTOR + "clip_ratio_high": s["epsilon_high"] - 1.0,
-                    ACTOR + "clip_ratio_low": 10.0})
-    differences.append("verl's cispo clamps the weight to [1 - clip_ratio_low, 1 + clip_ratio_high], relative "
-                       "and two-sided: the lab's absolute cap c is clip_ratio_high = c - 1 with no lower bound")
-
-
-def _verl_gspo(s, options, unmatched, differences):
-    options.update({ACTOR + "policy_loss.loss_mode": "gspo", ACTOR + "clip_ratio_low": s["epsilon"],
-                    ACTOR + "clip_ratio_high": s["epsilon_high"], ACTOR + "loss_agg_mode": "seq-mean-token-mean"})
-    differences.append("verl's gspo builds per-token ratios sg(s_i) * pi / sg(pi) (the same value and "
-                       "gradient) and clamps the log-ratio at 10")
-
-
-def _verl_sapo(s, options, unmatched, differences):
-    options.update({ACTOR + "policy_loss.loss_mode": "sapo", ACTOR + "tau_pos": s["tau_pos"],
-                    ACTOR + "tau_neg": s["tau_neg"]})
-    if s["reduction"] != "sequence":
-        unmatched[f"reduction={s['reduction']}"] = ("verl's sapo reduces with seq-mean-token-mean whatever "
-                                                    "loss_agg_mode says (which still reduces its KL loss)")
-    differences.append("verl's SAPO reads actor.tau_pos / actor.tau_neg (its example puts them under "
-                       "policy_loss.*, where nothing reads them)")
-
-
-def _verl_unmapped(s, options, unmatched, differences):
-    unmatched[f"algorithm={s['algorithm']}"] = "no verl policy_loss.loss_mode is mapped to this loss"
-
-
-TRL_GROUP_LOSSES = {"grpo": _trl_grpo, "cispo": _trl_cispo, "gspo": _trl_gspo, "sapo": _trl_sapo}
-VERL_GROUP_LOSSES = {"grpo": _verl_grpo, "cispo": _verl_cispo, "gspo": _verl_gspo, "sapo": _verl_sapo}
+def _trl_entropy(s, options, unmatched, differences):
+    if s["entropy_coef"] > 0 or s["adaptive_entropy"] is not None:
+        options["entropy_coef"] = s["entropy_coef"]
+    if s["adaptive_entropy"] is not None:
+        options.update({"use_adaptive_entropy": True, "entropy_target": s["adaptive_entropy"]})
+        differences.append("TRL applies the adaptive coefficient only while the entropy is at or below its "
+                           "target; the lab applies it always")
+    if s["top_entropy_quantile"] is not None:
+        options["top_entropy_quantile"] = s["top_entropy_quantile"]
+        differences.append("TRL takes the entropy quantile in float32")
 
 
 def _trl_group(s):
-    """TRL's GRPOConfig (or RLOOConfig for --advantage rloo) for the GRPO family (grpo, cispo, gspo, sapo)."""
+    """TRL's GRPOConfig (or RLOOConfig for --advantage rloo) for the GRPO family."""
     options, _ = _common(s)
     unmatched, differences = {}, []
-    algorithm = s["algorithm"]
-    rloo = s["advantage"] == "rloo"
-    epsilon_high = s["epsilon_high"] if s["epsilon_high"] is not None else s["epsilon"]
-    if rloo:
-        options["normalize_advantages"] = False
-        if algorithm in ("grpo", "gspo"):
-            options.update({"epsilon": s["epsilon"], "epsilon_high": epsilon_high})
-        if algorithm != "grpo":
-            unmatched[f"algorithm={algorithm}"] = RLOO_LOSS + f"; no {algorithm} loss"
-        differences.append(RLOO_LOSS + "; the lab clips each token's ratio and reduces by its --reduction")
-        if s["dual_clip"] is not None:
-            unmatched["dual_clip"] = "RLOOConfig has no delta or dual-clip option"
-        if s["tis_cap"] is not None:
-            unmatched["tis_cap"] = "RLOOConfig has no importance-sampling correction options"
-        options["beta"] = 0.0
-        if s["kl_in"] == "reward" and s["kl_estimator"] == "k1":
-            options["beta"] = s["beta"]
-        elif s["kl_in"] == "reward":
-            unmatched[f"kl_estimator={s['kl_estimator']}"] = "RLOO's reward KL is k1 only (summed over the response)"
-        elif s["beta"] > 0:
-            unmatched["kl_in=loss"] = ("RLOOConfig's beta subtracts beta * (summed k1) from the reward: RLOO has no "
-                                       "KL loss term")
-    else:
-        options["scale_rewards"] = s["scale_rewards"]
-        if s["scale_rewards"] != "none":
-            differences.append("TRL's group std is the unbiased one (divides by G - 1) with eps 1e-4; the lab's is "
-                               "the population std (divides by G) with eps 1e-4")
-        TRL_GROUP_LOSSES.get(algorithm, _trl_unmapped)(s, options, unmatched, differences)
-        if s["reduction"] == "token" and algorithm in ("grpo", "cispo"):
-            differences.append("TRL's 'dapo' and 'cispo' divide by the token count of the whole generation batch "
-                               "(all processes and accumulation steps): with one batch, the lab's token mean")
-        # TRL 1.16 corrects k3 by default (use_bias_correction_kl: k3 times the ratio pi/pi_old, whose expected
-        # gradient is that of KL(pi || ref), the DeepSeek-V3.2 correction). The lab's loss is the uncorrected k3
-        # of the lesson and DeepSeekMath, so the map turns the correction off to compute the same loss.
-        options["use_bias_correction_kl"] = False
-        if s["kl_in"] == "loss":
-            options["beta"] = s["beta"]
-            if s["kl_estimator"] != "k3":
-                unmatched[f"kl_estimator={s['kl_estimator']}"] = "TRL's GRPO loss has only k3"
-        else:
-            options["beta"] = 0.0
-            unmatched["kl_in=reward"] = ("TRL's GRPO KL is a loss term; only RLOOTrainer folds a KL (k1, summed) "
-                                         "into the reward")
-        if s["tis_cap"] is not None:
-            options.update({"use_vllm": True, "vllm_importance_sampling_correction": True,
-                            "vllm_importance_sampling_mode": "token_truncate",
-                            "vllm_importance_sampling_clip_max": s["tis_cap"]})
-            differences.append("TRL corrects vLLM's numerics against the trainer's, and only with use_vllm; its "
-                               "default mode is sequence_mask, not token_truncate")
-        else:
-            options["vllm_importance_sampling_correction"] = False
+    loss, advantage = POLICY_LOSSES[s["algorithm"]], ADVANTAGES[s["advantage"]]
+    advantage.trl(s, options, unmatched, differences)
+    rloo = advantage.trl_config == "RLOOConfig"
+    (_trl_rloo if rloo else _trl_grpo_config)(s, loss, options, unmatched, differences)
     if s["mask_truncated"]:
         options["mask_truncated_completions"] = True
     if s["overlong_penalty"] is not None:
@@ -211,36 +151,31 @@ def _trl_group(s):
     if s["rollout_temperature"] is not None or s["rollout_top_p"] is not None:
         unmatched["rollout_temperature/top_p"] = ("TRL samples and scores at one temperature; the mismatch it "
                                                   "corrects is vLLM's numerics")
-    return {"config": "RLOOConfig" if rloo else "GRPOConfig", "options": options, "unmatched": unmatched,
-            "differences": differences}
+    if s["m2po"] is not None:
+        unmatched["m2po"] = "TRL has no second-moment mask (AReaL's actor.m2_threshold)"
+    return {"config": advantage.trl_config, "options": options, "unmatched": unmatched, "differences": differences}
 
 
 def _verl_group(s):
     """verl's ppo_trainer.yaml overrides for the GRPO family."""
     _, options = _common(s)
     unmatched, differences = {}, []
-    algorithm = s["algorithm"]
-    if s["advantage"] == "rloo":
-        options["algorithm.adv_estimator"] = "rloo"
-    else:
-        options["algorithm.adv_estimator"] = "grpo"
-        if s["scale_rewards"] == "batch":
-            unmatched["scale_rewards=batch"] = ("verl's grpo estimator divides by the group's std or none; "
-                                                "reinforce_plus_plus_baseline whitens over tokens instead")
-        else:
-            options["algorithm.norm_adv_by_std_in_grpo"] = s["scale_rewards"] == "group"
-        if s["scale_rewards"] == "group":
-            differences.append("verl's group std is torch.std (unbiased, divides by G - 1) with eps 1e-6; the "
-                               "lab's is the population std with eps 1e-4")
-    if algorithm != "gspo":
+    loss = POLICY_LOSSES[s["algorithm"]]
+    ADVANTAGES[s["advantage"]].verl(s, options, unmatched, differences)
+    if "reduction" in loss.reads:  # a loss without a reduction of its own sets its loss_agg_mode itself
         options[ACTOR + "loss_agg_mode"] = VERL_AGG_MODES[s["reduction"]]
         if s["reduction"] == "constant":
             options[ACTOR + "loss_scale_factor"] = s["max_new_tokens"]
-    VERL_GROUP_LOSSES.get(algorithm, _verl_unmapped)(s, options, unmatched, differences)
+    loss.verl(s, options, unmatched, differences)
     if s["kl_in"] == "loss":
-        options.update({ACTOR + "use_kl_loss": s["beta"] > 0, ACTOR + "kl_loss_coef": s["beta"],
-                        ACTOR + "kl_loss_type": VERL_KL_NAMES[s["kl_estimator"]], "algorithm.use_kl_in_reward": False})
-        if s["kl_estimator"] == "k3":
+        options.update({ACTOR + "use_kl_loss": s["beta"] > 0, ACTOR + "kl_loss_coef": s["beta"]})
+        if s["kl_estimator"] in VERL_KL_NAMES:
+            options[ACTOR + "kl_loss_type"] = VERL_KL_NAMES[s["kl_estimator"]]
+        else:
+            options[ACTOR + "kl_loss_type"] = VERL_KL_NAMES["k3"]
+            unmatched[f"kl_estimator={s['kl_estimator']}"] = "verl has no ratio-corrected k3 (TRL's default)"
+        options["algorithm.use_kl_in_reward"] = False
+        if s["kl_estimator"] in ("k3", "k3+"):
             differences.append("verl's low_var_kl clamps the log-ratio to +-20 and k3 to [-10, 10]")
     else:
         options.update({"algorithm.use_kl_in_reward": True, "algorithm.kl_ctrl.type": "fixed",
@@ -270,7 +205,31 @@ def _verl_group(s):
         options.update({"algorithm.rollout_correction.rollout_is": "token",
                         "algorithm.rollout_correction.rollout_is_threshold": s["tis_cap"],
                         ROLLOUT + "calculate_log_probs": True})
+    _verl_rollout_correction(s, options, unmatched, differences)
+    for name, reason in (("off_policy_mask", "verl has no off-policy sequence mask (TRL's off_policy_mask_threshold)"),
+                         ("m2po", "verl has no second-moment mask (AReaL's actor.m2_threshold)"),
+                         ("adaptive_entropy", "verl's entropy_coeff is a constant"),
+                         ("top_entropy_quantile", "verl has no high-entropy token mask (TRL's top_entropy_quantile)")):
+        if s[name] is not None:
+            unmatched[name] = reason
+    if s["entropy_coef"] > 0:
+        options[ACTOR + "entropy_coeff"] = s["entropy_coef"]
+        differences.append("verl's entropy bonus is reduced by its loss_agg_mode; the lab's by the token mean")
     return {"config": "ppo_trainer.yaml", "options": options, "unmatched": unmatched, "differences": differences}
+
+
+def _verl_rollout_correction(s, options, unmatched, differences):
+    if s["rollout_correction"] is None:
+        return
+    if s["rollout_correction_mode"] == "mask":
+        unmatched["rollout_correction_mode=mask"] = ("verl masks by rejection sampling (rollout_rs), on other "
+                                                     "statistics than the weight's bounds")
+        return
+    low, high = s["rollout_correction_low"], s["rollout_correction_high"]
+    options.update({"algorithm.rollout_correction.rollout_is": s["rollout_correction"],
+                    "algorithm.rollout_correction.rollout_is_threshold": high if low is None else f"{low}_{high}",
+                    ROLLOUT + "calculate_log_probs": True})
+    differences.append("verl clamps the log of the weight at +-20 before exp()")
 
 
 def group_blocks(s):
@@ -322,19 +281,12 @@ def _ppo_blocks(s):
 
 
 def _dpo_blocks(s):
-    loss, offline, mean = s["dpo_loss"], s["offline"], s["sequence_logp"] == "mean"
+    loss, offline, mean = PREFERENCE_LOSSES[s["dpo_loss"]], s["offline"], s["sequence_logp"] == "mean"
     unmatched, differences = {}, []
     options = {"beta": s["dpo_beta"]}
     if not offline:
         config = "OnlineDPOConfig (trl.experimental.online_dpo)"
-        online_loss = {"sigmoid": "sigmoid", "cdpo": "sigmoid", "ipo": "ipo"}.get(loss)
-        if online_loss is None:
-            options["loss_type"] = "sigmoid"
-            unmatched[f"dpo_loss={loss}"] = "OnlineDPOConfig's loss_type is sigmoid or ipo"
-        else:
-            options["loss_type"] = online_loss
-        if loss == "cdpo" and s["label_smoothing"] > 0:
-            unmatched["label_smoothing"] = "OnlineDPOConfig has no label_smoothing: its sigmoid loss is plain DPO"
+        loss.trl_online(s, options, unmatched)
         if mean:
             unmatched["sequence_logp=mean"] = "TRL's online DPO sums the log-probs (ipo included)"
         options.update({"max_new_tokens": s["max_new_tokens"], "temperature": s["temperature"]})
@@ -344,35 +296,17 @@ def _dpo_blocks(s):
                 "reason": "verl's core has no DPO trainer; the spin recipe's online DPO takes actor.dpo_beta and reads "
                           "its loss type from the batch"}
         return {"config": config, "options": options, "unmatched": unmatched, "differences": differences}, verl
-    config = "DPOConfig"
-    if loss == "simpo":
-        config = "CPOConfig (trl.experimental.cpo)"
-        options.update({"loss_type": "simpo", "cpo_alpha": 0.0, "simpo_gamma": s["simpo_gamma"]})
-        if not mean:
-            unmatched["sequence_logp=sum"] = "TRL's SimPO averages the log-probs per token"
-    elif loss == "ipo":
-        options["loss_type"] = "ipo"
-        if not mean:
-            unmatched["sequence_logp=sum"] = "TRL's offline ipo averages the log-probs per token: --sequence-logp mean"
-    elif loss in ("sigmoid", "cdpo"):
-        # sigmoid_norm is DPO on per-token averages, the lab's --sequence-logp mean
-        options["loss_type"] = "sigmoid_norm" if mean else "sigmoid"
-        if loss == "cdpo" and s["label_smoothing"] > 0:
-            unmatched["label_smoothing"] = ("TRL 1.16 has no cDPO: its sigmoid loss ignores label_smoothing (used "
-                                            "only by robust, exo_pair and aot)")
-    else:
-        options["loss_type"] = loss
-        if loss == "robust":
-            options["label_smoothing"] = s["label_smoothing"]
-        if mean:
-            unmatched["sequence_logp=mean"] = f"TRL's {loss} sums the log-probs"
+    config = loss.trl_offline(s, options, unmatched)
     verl = {"config": None, "options": None, "reason": "verl has no offline DPO trainer"}
     return {"config": config, "options": options, "unmatched": unmatched, "differences": differences}, verl
 
 
+FAMILY_BLOCKS = {"group": group_blocks, "ppo": ppo_blocks, "dpo": dpo_blocks}
+
+
 def library_blocks(settings):
     """{"trl": block, "verl": block} for one online run's settings (see the module docstring)."""
-    return {"ppo": ppo_blocks, "dpo": dpo_blocks}.get(settings["algorithm"], group_blocks)(settings)
+    return FAMILY_BLOCKS[family_of(settings["algorithm"])](settings)
 
 
 # The table of docs/bridge.md: one row per lab setting, written from the same facts as the blocks above.
@@ -418,6 +352,35 @@ TABLE = [
     ("--tis-cap C", "vllm_importance_sampling_correction, mode token_truncate, clip_max C",
      "algorithm.rollout_correction.rollout_is=token, rollout_is_threshold C",
      "both correct the engine's numerics; the lab's mismatch is a different temperature or top-p"),
+    ("--algorithm dppo-tv | dppo-kl", "none", "policy_loss.loss_mode=dppo_tv | dppo_kl, clip_ratio_low/high = delta, "
+     "clip_ratio_c = --dppo-cap", "verl's ActorConfig caps the ratio at 3.0 (its code's fallback is 20)"),
+    ("--algorithm gmpo", "none", "policy_loss.loss_mode=geo_mean, clip_ratio_low/high", "verl clips in log space "
+     "too; its default range is 0.2, GMPO's examples 0.4"),
+    ("--algorithm clip-cov | kl-cov", "none", "loss_mode=clip_cov (clip_cov_ratio, clip_cov_lb, clip_cov_ub) | "
+     "kl_cov (kl_cov_ratio, ppo_kl_coef)", "verl draws Clip-Cov's tokens from torch's global generator"),
+    ("--algorithm dro | gpg", "none", "loss_mode=dro (policy_loss.dro_beta = --dro-tau) | gpg",
+     "verl's dro_beta has no default"),
+    ("--algorithm topr | cegppo", "none", "none", "no library home (ROLL has TOPR with token ratios; CE-GPPO is in "
+     "its authors' verl fork)"),
+    ("--algorithm vespo", "loss_type=\"vespo\", vespo_k_pos/lambda_pos/k_neg/lambda_neg", "none",
+     "TRL's vespo takes the token mean and no importance-sampling correction"),
+    ("--algorithm luspo", "loss_type=\"luspo\", importance_sampling_level=\"sequence\", epsilon, epsilon_high", "none",
+     "TRL's epsilon defaults to 0.2: set GSPO's 3e-4 and 4e-4"),
+    ("--advantage maxrl", "none", "none (SkyRL and the authors' verl fork: adv_estimator=maxrl)",
+     "R / p - 1 for a 0/1 reward"),
+    ("--advantage reinforce-pp | reinforce-pp-baseline | opo | passk | gpg", "none",
+     "adv_estimator=reinforce_plus_plus | reinforce_plus_plus_baseline | opo | grpo_passk | gpg",
+     "verl whitens with 1e-8 in its counts; the lab's reinforce-pp is at gamma 1"),
+    ("--rollout-correction token|sequence --rollout-correction-mode truncate|mask", "vllm_importance_sampling_mode="
+     "\"{level}_{mode}\", clip_min/clip_max", "rollout_correction.rollout_is=token|sequence, rollout_is_threshold "
+     "(\"low_high\")", "TRL only with use_vllm; verl's mask is rejection sampling (rollout_rs): unmatched"),
+    ("--off-policy-mask T", "off_policy_mask_threshold=T", "none", "DeepSeek-V3.2's sequence mask"),
+    ("--m2po T", "none", "none", "AReaL's actor.m2_threshold"),
+    ("--kl-estimator k3-is | k3+ | k1+", "use_bias_correction_kl=True (k3-is)", "kl_loss_type=k3+ | k1+",
+     "TRL's correction at the sequence level multiplies by s_i"),
+    ("--entropy-coef C --adaptive-entropy T", "entropy_coef, use_adaptive_entropy, entropy_target",
+     "actor.entropy_coeff (constant)", "TRL applies the adaptive coefficient only at or below its target"),
+    ("--top-entropy-quantile Q", "top_entropy_quantile=Q", "none", "TRL takes the quantile in float32"),
     ("--algorithm ppo (per-token KL in the reward)", "none: TRL 1.16 has no PPO trainer",
      "adv_estimator=gae, use_kl_in_reward, clip_ratio_low/high, clip_ratio_c=1e9", "verl's lam defaults to 1.0"),
     ("--truncation bootstrap", "none", "none: next value 0", "the lab's own: a cut response "

@@ -731,6 +731,7 @@ def namespace(root):
     rl_lab = importlib.import_module("rl_lab")
     online_settings = importlib.import_module("online_settings")
     online_algorithms = importlib.import_module("online_algorithms")
+    online_registry = importlib.import_module("online_registry")
     lab_testing = importlib.import_module("lab_testing")
 
     def section_reader(relative):
@@ -758,7 +759,8 @@ def namespace(root):
         "conformance": section_reader(CONFORMANCE),
         "json": json, "pins": lambda filename, *packages: pins(root, filename, *packages),
         "online_default": lambda name: online_settings.BY_NAME[name].default,
-        "policy_losses": online_algorithms.POLICY_LOSSES, "preference_losses": online_algorithms.PREFERENCE_LOSSES,
+        "policy_losses": online_registry.POLICY_LOSSES, "preference_losses": online_registry.PREFERENCE_LOSSES,
+        "advantages": online_registry.ADVANTAGES,
         "demo": json.loads(json.dumps(rl_lab.atomic_demo()), object_hook=Data),
         "atoms_text": lambda: rl_lab.atoms_text(rl_lab.atomic_demo()),
         "readme_before_after": readme_before_after,

@@ -1,55 +1,55 @@
-"""The online driver's algorithm families, each one object with the same methods, and the registries of
-their loss variants.
+"""The online driver's algorithm families, each one object with the same methods.
 
-    family = FAMILIES[family_of(cfg.algorithm)](cfg, critic)
+    family = FAMILIES[family_of(cfg.algorithm)](cfg, critic, generator)
     scores  = family.scores(batch)                  # (N,) the reward the credit uses
     credit  = family.credit(batch)                  # advantages, per-token credit or preference pairs
-    loss, diagnostics, ratio = family.loss(logps, batch, credit, first_pass)   # one pass of the update
+    loss, diagnostics, ratio = family.loss(logps, batch, credit, first_pass, logits)   # one pass of the update
     columns = family.columns(batch, credit)         # its own CSV columns
 
-Three families: the GRPO family (one registered policy loss per algorithm: GRPO, CISPO, GSPO, SAPO,
-with RLOO and the field's switches), token-level PPO with a critic, and online/offline DPO (one
-registered preference loss per --dpo-loss). A new loss variant is one atom in rl_lab.py, one
-`register_policy_loss` (or `register_preference_loss`) call here, and one settings line in
-online_settings.py for a hyperparameter of its own; verl's `register_policy_loss` is the model.
+Three families: the GRPO family (one registered policy loss per algorithm and one registered advantage
+per --advantage, with the field's switches), token-level PPO with a critic, and online/offline DPO (one
+registered preference loss per --dpo-loss). The registries live in online_registry.py: a new loss
+variant is one atom in rl_lab.py, one `register_policy_loss` (or `register_advantage`,
+`register_preference_loss`) call there, and one settings line in online_settings.py for a
+hyperparameter of its own; verl's `register_policy_loss` is the model.
 
 Shape notation: B prompts, G group size, N = B*G responses, R completion positions, K preference pairs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from library_map import dpo_blocks, group_blocks, ppo_blocks
+from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of  # noqa: F401
 from rl_lab import (
     KL_ESTIMATORS,
-    cdpo_loss,
-    cispo_policy_loss,
+    STRAIGHT_THROUGH_KINDS,
+    adaptive_entropy_coef,
     clip_fraction,
     clipped_policy_loss,
-    dpo_hinge_loss,
-    dpo_loss,
+    entropy_bonus,
     gae,
-    group_relative_advantages,
-    grpo_policy_loss,
-    gspo_policy_loss,
-    ipo_loss,
+    high_entropy_token_mask,
     kl_k1,
+    kl_k3_is_corrected,
+    kl_straight_through,
+    m2po_mask,
     masked,
+    off_policy_sequence_mask,
     overlong_penalty,
-    rloo_advantages,
-    robust_dpo_loss,
-    sapo_policy_loss,
+    rollout_correction_weights,
     sequence_log_ratio,
-    simpo_loss,
     tied_groups,
+    token_entropy,
     truncated_importance_weights,
 )
 
-GROUP_EPS = 1e-4  # the lesson's eps of group_relative_advantages
+GROUP_EPS = ADVANTAGES["grpo"].fixed["eps"]  # the lesson's eps of group_relative_advantages
 WHITEN_EPS = 1e-8  # added to the std when PPO whitens its advantages, as TRL's masked_whiten
 
 
@@ -61,80 +61,6 @@ def groups_tie(rewards, group_size):
 # ---------------------------------------------------------------------------------------------
 # Registries: one entry per loss variant
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicyLoss:
-    """A GRPO-family loss: the atom and what the loop needs to know about it.
-
-    reads: the settings passed to the atom by name (besides beta and the KL estimator, which every loss
-    takes); "reduction" also passes max_new_tokens, "tis_cap" passes the batch's importance weights.
-    ratio: "token" (one ratio per token) or "sequence" (GSPO's one per response) for the diagnostics.
-    zeroes: how its clip_fraction counts: "clip" (PPO-Clip zeroes the gradient outside the range),
-    "cap" (CISPO caps the weight and zeroes nothing, capped_fraction counts the caps), "none" (SAPO's
-    gate only fades it). defaults / ranges: its own default and range of a shared setting."""
-
-    atom: object
-    reads: tuple
-    ratio: str = "token"
-    zeroes: str = "clip"
-    defaults: dict = field(default_factory=dict)
-    ranges: dict = field(default_factory=dict)
-    summary: str = ""
-
-
-@dataclass(frozen=True)
-class PreferenceLoss:
-    """A DPO-family loss: the atom, the settings it reads ({setting: the atom's keyword}), whether it
-    compares against the reference, and its defaults of shared settings."""
-
-    atom: object
-    reads: dict = field(default_factory=dict)
-    reference: bool = True
-    defaults: dict = field(default_factory=dict)
-    summary: str = ""
-
-
-POLICY_LOSSES = {}
-PREFERENCE_LOSSES = {}
-
-
-def register_policy_loss(name, atom, **entry):
-    POLICY_LOSSES[name] = PolicyLoss(atom, **entry)
-
-
-def register_preference_loss(name, atom, **entry):
-    PREFERENCE_LOSSES[name] = PreferenceLoss(atom, **entry)
-
-
-register_policy_loss("grpo", grpo_policy_loss, reads=("epsilon", "epsilon_high", "dual_clip", "reduction", "tis_cap"),
-                     summary="PPO-Clip per token, group-relative advantages (DeepSeekMath)")
-register_policy_loss("cispo", cispo_policy_loss, reads=("epsilon_high", "reduction", "tis_cap"), zeroes="cap",
-                     defaults={"epsilon_high": 5.0}, ranges={"epsilon_high": {"low": 0.0, "low_open": True}},
-                     summary="detached capped ratio times the log-prob (MiniMax-M1)")
-register_policy_loss("gspo", gspo_policy_loss, reads=("epsilon", "epsilon_high"), ratio="sequence",
-                     defaults={"epsilon": 3e-4, "epsilon_high": 4e-4},
-                     summary="one clipped length-normalized ratio per response (Qwen)")
-register_policy_loss("sapo", sapo_policy_loss, reads=("tau_pos", "tau_neg", "reduction", "tis_cap"), zeroes="none",
-                     summary="a smooth sigmoid gate instead of the clip (Qwen)")
-
-register_preference_loss("sigmoid", dpo_loss, defaults={"dpo_beta": 0.5}, summary="DPO")
-# ipo's beta sets its target margin 1/(2 beta), the hinge's 1/beta: TRL's 0.1
-register_preference_loss("ipo", ipo_loss, defaults={"dpo_beta": 0.1}, summary="IPO")
-register_preference_loss("hinge", dpo_hinge_loss, defaults={"dpo_beta": 0.1},
-                         summary="RSO's hinge on the relative margin")
-register_preference_loss("cdpo", cdpo_loss, reads={"label_smoothing": "label_smoothing"}, defaults={"dpo_beta": 0.5},
-                         summary="DPO with label smoothing")
-register_preference_loss("robust", robust_dpo_loss, reads={"label_smoothing": "label_smoothing"},
-                         defaults={"dpo_beta": 0.5}, summary="rDPO")
-register_preference_loss("simpo", simpo_loss, reads={"simpo_gamma": "gamma"}, reference=False,
-                         defaults={"dpo_beta": 2.0, "sequence_logp": "mean"},
-                         summary="no reference, length-averaged log-probs")
-
-
-def losses_reading(setting):
-    """The preference losses whose atom reads `setting` (the ones it changes something for)."""
-    return tuple(name for name, entry in PREFERENCE_LOSSES.items() if setting in entry.reads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +91,8 @@ def ratio_diagnostics(ratio, advantages, cfg, zeroes, first_pass):
 @dataclass
 class GroupCredit:
     """advantages (B*G,) one per response; loss_mask (B*G, R) int64, the batch's mask without the
-    truncated responses when they are masked out; importance_weights (B*G, R) or None (TIS)."""
+    truncated responses when they are masked out; importance_weights (B*G, R) or None (TIS, or the
+    rollout correction)."""
 
     advantages: torch.Tensor
     loss_mask: torch.Tensor
@@ -175,23 +102,66 @@ class GroupCredit:
         return bool(self.loss_mask.bool().any())  # every response masked out (all truncated): nothing to learn
 
 
+@dataclass
+class PassMasks:
+    """What one pass's masks leave: loss_mask (B*G, R), the tokens the loss counts; keep (B*G, R) 0/1 or None,
+    the factor of each token's policy term (a dropped token stays in the count and the KL); bonus_mask, the
+    tokens the entropy bonus averages; columns, the share each mask dropped."""
+
+    loss_mask: torch.Tensor
+    keep: torch.Tensor | None
+    bonus_mask: torch.Tensor
+    columns: dict
+
+
+class RatioCorrectedK3:
+    """`kl_k3_is_corrected` as the per-token estimator a loss calls, estimator(policy, ref, check=False),
+    with the old log-probs of the batch being trained on (--kl-estimator k3-is)."""
+
+    def __init__(self, old_logps):
+        self.old_logps = old_logps
+
+    def __call__(self, policy_logps, ref_logps, *, check=False):
+        return kl_k3_is_corrected(policy_logps, self.old_logps, ref_logps, check=check)
+
+
+# --kl-estimator names -> the per-token estimator a loss takes; k3+ and k1+ have k3's (k1's) value and k2's
+# gradient, k3-is is built per batch (RatioCorrectedK3)
+LOSS_KL_ESTIMATORS = KL_ESTIMATORS | {kind: functools.partial(kl_straight_through, kind=kind)
+                                      for kind in STRAIGHT_THROUGH_KINDS}
+RATIO_CORRECTED_KL = "k3-is"
+
+
 class GroupFamily:
-    """GRPO, CISPO, GSPO, SAPO: advantages relative to the prompt's group (or RLOO's leave-one-out
-    baseline), no critic, the registered loss of `cfg.algorithm`."""
+    """The GRPO family: the registered advantage of `cfg.advantage` (group-relative, RLOO, MaxRL, ...), no
+    critic, the registered loss of `cfg.algorithm`, and the switches every loss shares (the importance
+    weights, the off-policy and second-moment masks, the entropy bonus and mask)."""
 
     needs_critic = False
 
-    def __init__(self, cfg, critic=None):
-        self.cfg, self.entry = cfg, POLICY_LOSSES[cfg.algorithm]
-        self.kl_estimator = KL_ESTIMATORS[cfg.kl_estimator]
-        kwargs = {"beta": 0.0 if cfg.kl_in == "reward" else cfg.beta, "kl_estimator": self.kl_estimator,
-                  "check": False}
+    def __init__(self, cfg, critic=None, generator=None):
+        self.cfg, self.entry, self.advantage = cfg, POLICY_LOSSES[cfg.algorithm], ADVANTAGES[cfg.advantage]
+        self.kl_estimator = KL_ESTIMATORS.get(cfg.kl_estimator)  # the reward's KL: k1, k2 or k3
+        kwargs = {"beta": 0.0 if cfg.kl_in == "reward" else cfg.beta, "check": False}
+        if cfg.kl_estimator != RATIO_CORRECTED_KL:
+            kwargs["kl_estimator"] = LOSS_KL_ESTIMATORS[cfg.kl_estimator]
         for name in self.entry.reads:
             if name == "reduction":
                 kwargs.update(reduction=cfg.reduction, max_new_tokens=cfg.max_new_tokens)
-            elif name != "tis_cap":
-                kwargs[name] = getattr(cfg, name)
+            else:
+                kwargs[self.entry.keyword(name)] = getattr(cfg, name)
+        kwargs.update(self.entry.fixed)
+        if self.entry.generator:  # Clip-Cov draws the tokens it detaches from the run's one generator
+            kwargs["generator"] = generator
         self.kwargs = kwargs
+        self.reward_components = self.advantage.inputs == "components"  # the rollout scores each reward apart
+        self.entropy_coef = cfg.entropy_coef  # moves each optimizer step with --adaptive-entropy
+        self.entropy_bonus = cfg.entropy_coef > 0 or cfg.adaptive_entropy is not None
+        self.extra_columns = [name for name, on in (
+            ("off_policy_masked_fraction", cfg.off_policy_mask is not None),
+            ("m2po_masked_fraction", cfg.m2po is not None),
+            ("entropy_masked_fraction", cfg.top_entropy_quantile is not None),
+            ("entropy_coef", self.entropy_bonus)) if on]
 
     def parameters(self):
         return []
@@ -213,15 +183,34 @@ class GroupFamily:
             scores = scores - cfg.beta * masked(per_token, batch.mask).sum(dim=1)
         return scores
 
+    def advantages(self, batch):
+        """(B*G,) the registered advantage of the batch's scores (see online_registry.Advantage.inputs)."""
+        entry, group_size = self.advantage, self.cfg.group_size
+        kwargs = {keyword: getattr(self.cfg, name) for name, keyword in entry.reads.items()} | entry.fixed
+        grouped = batch.scores.reshape(-1, group_size)  # (B*G,) -> (B, G)
+        if entry.inputs == "scores":
+            return entry.function(batch.scores, group_size, **kwargs, check=False)
+        if entry.inputs == "groups":
+            return entry.function(grouped, **kwargs, check=False).reshape(-1)
+        if entry.inputs == "components":  # (B*G, K) -> (B, G, K)
+            components = batch.reward_components.reshape(-1, group_size, batch.reward_components.shape[1])
+            return entry.function(components, **kwargs, check=False).reshape(-1)
+        lengths = batch.mask.sum(dim=1)  # (B*G,) kept tokens, the EOS included
+        if entry.inputs == "lengths":
+            return entry.function(grouped, lengths.reshape(-1, group_size), **kwargs, check=False).reshape(-1)
+        # "tokens": the score on each response's last kept token; at gamma 1 every kept token of a response
+        # gets the same whitened return, so its first token's is the response's advantage
+        rows = torch.arange(batch.mask.shape[0])
+        token_rewards = torch.zeros(batch.mask.shape, dtype=batch.scores.dtype)
+        token_rewards[rows, lengths - 1] = batch.scores
+        per_token, _ = entry.function(token_rewards, batch.mask, **kwargs, check=False)  # (B*G, R)
+        return per_token[:, 0]
+
     def credit(self, batch):
-        """Group-relative advantages with the chosen std (group, batch or none: Dr. GRPO), or RLOO's
-        leave-one-out baseline; the loss mask; truncated importance weights when --tis-cap is set."""
+        """The registered advantages, the loss mask, and the importance weights of --tis-cap (truncated
+        importance sampling) or --rollout-correction."""
         cfg = self.cfg
-        if cfg.advantage == "rloo":
-            advantages = rloo_advantages(batch.scores.reshape(-1, cfg.group_size), check=False).reshape(-1)
-        else:
-            advantages = group_relative_advantages(batch.scores, cfg.group_size, eps=GROUP_EPS,
-                                                   scale=cfg.scale_rewards, check=False)
+        advantages = self.advantages(batch)
         advantages = advantages.to(batch.old_logps.dtype)  # rewards are float64; a transformer trains in float32
         loss_mask = batch.mask
         if cfg.mask_truncated:  # DAPO-style: a cut response has no verdict to learn from
@@ -230,24 +219,78 @@ class GroupFamily:
         if cfg.tis_cap is not None:
             weights = masked(truncated_importance_weights(batch.old_logps, batch.sampler_logps, cfg.tis_cap,
                                                           check=False), batch.mask)
+        elif cfg.rollout_correction is not None:
+            weights = rollout_correction_weights(
+                batch.old_logps, batch.sampler_logps.to(batch.old_logps.dtype), batch.mask, cfg.rollout_correction,
+                cfg.rollout_correction_mode, cfg.rollout_correction_low, cfg.rollout_correction_high, check=False)
         return GroupCredit(advantages, loss_mask, weights)
 
-    def loss(self, logps, batch, credit, first_pass):
-        """One pass: the registered loss and the ratios it saw (per kept token, or per response for GSPO)."""
-        kwargs = self.kwargs
-        if credit.importance_weights is not None:
-            kwargs = {**kwargs, "importance_weights": credit.importance_weights}
-        loss = self.entry.atom(logps, batch.old_logps, batch.ref_logps, credit.advantages, credit.loss_mask, **kwargs)
+    def masks(self, logps, batch, credit, entropies):
+        """The pass's PassMasks, each mask judged on this pass's policy: the responses the off-policy mask
+        drops (DeepSeek-V3.2), the tokens M2PO drops, the tokens below the entropy quantile. As TRL does,
+        the off-policy and the entropy masks zero the policy term and leave the token in the reduction's
+        count and in the KL (a factor beside the importance weights); a loss that takes no weights drops
+        the token from its loss mask instead, and so does M2PO."""
+        cfg, mask, columns = self.cfg, credit.loss_mask, {}
+        if cfg.off_policy_mask is None and cfg.m2po is None and cfg.top_entropy_quantile is None:
+            return PassMasks(mask, None, mask, columns)
+        kept = max(int(mask.sum().item()), 1)
+        sampler_logps = batch.sampler_logps.to(logps.dtype)
+        keep = torch.ones_like(logps)  # (B*G, R): the policy term's factor
+        if cfg.m2po is not None:
+            reduced = m2po_mask(logps, sampler_logps, mask, cfg.m2po, check=False).long()  # (B*G, R)
+            columns["m2po_masked_fraction"] = (mask.sum() - reduced.sum()).item() / kept
+            mask = reduced
+        if cfg.off_policy_mask is not None:
+            responses = off_policy_sequence_mask(logps, sampler_logps, credit.advantages, credit.loss_mask,
+                                                 cfg.off_policy_mask, check=False)  # (B*G,)
+            columns["off_policy_masked_fraction"] = (~responses).double().mean().item()
+            keep = keep * responses.unsqueeze(1)  # (B*G,) -> (B*G, 1): the whole response
+        bonus_mask = mask
+        if cfg.top_entropy_quantile is not None:
+            high = high_entropy_token_mask(entropies, credit.loss_mask, cfg.top_entropy_quantile,
+                                           check=False)  # (B*G, R)
+            columns["entropy_masked_fraction"] = (mask.sum() - high.sum()).item() / kept
+            keep, bonus_mask = keep * high, mask * high.long()  # TRL's bonus averages the same tokens
+        if not self.entry.weights:
+            return PassMasks(mask * keep.long(), None, bonus_mask, columns)
+        return PassMasks(mask, keep, bonus_mask, columns)
+
+    def loss(self, logps, batch, credit, first_pass, logits=None):
+        """One pass: the registered loss (plus the entropy bonus) and the ratios it saw (per kept token, or
+        per response for a sequence-ratio loss). logits (B*G, R, V), with grad: for the entropy switches."""
+        cfg, entry, kwargs = self.cfg, self.entry, self.kwargs
+        entropies = None
+        if self.entropy_bonus or cfg.top_entropy_quantile is not None:
+            entropies = token_entropy(logits, check=False)  # (B*G, R), with grad
+        masks = self.masks(logps.detach(), batch, credit, None if entropies is None else entropies.detach())
+        weights = credit.importance_weights
+        if masks.keep is not None:
+            weights = masks.keep if weights is None else weights * masks.keep
+        if weights is not None:
+            kwargs = {**kwargs, "importance_weights": weights}
+        if cfg.kl_estimator == RATIO_CORRECTED_KL:
+            kwargs = {**kwargs, "kl_estimator": RatioCorrectedK3(masked(batch.old_logps, batch.mask))}
+        inputs = (logps, batch.old_logps, batch.ref_logps) if entry.old_policy else (logps, batch.ref_logps)
+        loss = entry.function(*inputs, credit.advantages, masks.loss_mask, **kwargs)
+        columns = masks.columns
+        if self.entropy_bonus:
+            loss = loss + entropy_bonus(entropies, masks.bonus_mask, self.entropy_coef, check=False)
+            columns["entropy_coef"] = self.entropy_coef
+            if cfg.adaptive_entropy is not None:  # Skywork-OR1: one step of the coefficient per optimizer step
+                entropy = masked(entropies.detach(), masks.bonus_mask).sum() / masks.bonus_mask.sum().clamp(min=1)
+                self.entropy_coef = adaptive_entropy_coef(self.entropy_coef, entropy.item(), cfg.adaptive_entropy,
+                                                          check=False)
         with torch.no_grad():
             kept = credit.loss_mask.bool()
-            if self.entry.ratio == "sequence":
+            if entry.ratio == "sequence":
                 ratio = sequence_log_ratio(logps.detach(), batch.old_logps, credit.loss_mask).exp()  # (B*G,)
                 signs = credit.advantages
             else:
                 ratio = (logps.detach() - batch.old_logps).exp()[kept]  # (kept,): the ratios this pass's loss saw
                 signs = credit.advantages.unsqueeze(1).expand_as(kept)[kept]  # (B*G,) -> (B*G, R) -> (kept,)
-            diagnostics = ratio_diagnostics(ratio, signs, self.cfg, self.entry.zeroes, first_pass)
-        return loss, diagnostics, ratio
+            diagnostics = ratio_diagnostics(ratio, signs, self.cfg, entry.zeroes, first_pass)
+        return loss, diagnostics | columns, ratio
 
     def columns(self, batch, credit):
         cfg, kept = self.cfg, batch.mask.bool()
@@ -255,7 +298,14 @@ class GroupFamily:
         if credit.importance_weights is not None:
             weights = credit.importance_weights[kept]
             columns["importance_weight_mean"] = weights.mean().item()
-            columns["importance_weight_capped_fraction"] = (weights >= cfg.tis_cap).double().mean().item()
+            if cfg.tis_cap is not None:
+                capped = weights >= cfg.tis_cap
+            elif cfg.rollout_correction_mode == "mask":  # the share the mask zeroed
+                capped = weights == 0
+            else:  # the share a bound truncated
+                low = cfg.rollout_correction_low
+                capped = (weights >= cfg.rollout_correction_high) | ((weights <= low) if low is not None else False)
+            columns["importance_weight_capped_fraction"] = capped.double().mean().item()
         return columns
 
     def per_response(self, batch, credit, row):
@@ -304,8 +354,10 @@ class TokenPPO:
     each token's reward, the verifier's reward on the last token."""
 
     needs_critic = True
+    extra_columns = []
+    reward_components = False
 
-    def __init__(self, cfg, critic):
+    def __init__(self, cfg, critic, generator=None):
         self.cfg, self.critic = cfg, critic
 
     def parameters(self):
@@ -360,7 +412,7 @@ class TokenPPO:
             whitened = masked((token_advantages - mean) / (std + WHITEN_EPS), mask)
         return TokenCredit(whitened, token_advantages, full_returns, values, token_rewards, next_values, batch.mask)
 
-    def loss(self, logps, batch, credit, first_pass):
+    def loss(self, logps, batch, credit, first_pass, logits=None):
         """PPO-Clip per token (mean over kept tokens) plus value_coef times the critic's loss,
         0.5 * mean (V - returns)^2 (clipped around the old values with --value-clip). The advantages are
         detached, so the actor's loss sends no gradient to the critic."""
@@ -440,7 +492,10 @@ class PreferenceFamily:
 
     needs_critic = False
 
-    def __init__(self, cfg, critic=None):
+    extra_columns = []
+    reward_components = False
+
+    def __init__(self, cfg, critic=None, generator=None):
         self.cfg, self.entry = cfg, PREFERENCE_LOSSES[cfg.dpo_loss]
 
     def parameters(self):
@@ -468,14 +523,14 @@ class PreferenceFamily:
             return kept / mask.sum(dim=1).clamp(min=1)
         return kept
 
-    def loss(self, logps, batch, credit, first_pass):
+    def loss(self, logps, batch, credit, first_pass, logits=None):
         """One pass of the preference loss over the pairs, and the relative margin it saw (nats)."""
         cfg, chosen, rejected = self.cfg, credit.chosen, credit.rejected
         sequence = self.sequence_logps(logps, batch.mask)  # (N,)
         ref = self.sequence_logps(batch.ref_logps, batch.mask)
         extra = {keyword: getattr(cfg, name) for name, keyword in self.entry.reads.items()}
         references = (ref[chosen], ref[rejected]) if self.entry.reference else ()
-        per_pair = self.entry.atom(sequence[chosen], sequence[rejected], *references, cfg.dpo_beta, **extra,
+        per_pair = self.entry.function(sequence[chosen], sequence[rejected], *references, cfg.dpo_beta, **extra,
                                    check=False)
         with torch.no_grad():  # the relative margin each pass saw, in nats of sequence log-prob
             margin = ((sequence[chosen] - sequence[rejected]) - (ref[chosen] - ref[rejected])).mean().item()
@@ -501,14 +556,6 @@ class PreferenceFamily:
 
 
 FAMILIES = {"group": GroupFamily, "ppo": TokenPPO, "dpo": PreferenceFamily}
-
-
-def family_of(algorithm):
-    """The family an algorithm belongs to: every registered policy loss is in the GRPO family."""
-    return "group" if algorithm in POLICY_LOSSES else algorithm
-
-
-ALGORITHMS = ("ppo", "dpo") + tuple(POLICY_LOSSES)
 FOUR_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")  # --algorithm all: the article's three and CISPO
 
 

@@ -16,10 +16,11 @@ import dataclasses
 import hashlib
 
 from lab_settings import SEED, STEPS, SettingError, check_value, declared, setting
-from online_algorithms import ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
+from online_algorithms import LOSS_KL_ESTIMATORS, RATIO_CORRECTED_KL
+from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
-from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASKS
-from rl_lab import KL_ESTIMATORS, REDUCTIONS, SAPO_MIN_TAU
+from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASK_REWARDS, TASKS
+from rl_lab import REDUCTIONS, ROLLOUT_LEVELS, ROLLOUT_MODES, SAPO_MIN_TAU
 
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
@@ -31,6 +32,20 @@ POLICY_MAX_RESPONSES = {"table": 2**20, "transformer": 4096}
 # a table has one row per prompt and cannot answer a prompt it never trained on: only the binary task
 POLICY_TASKS = {"table": ("binary",), "transformer": ("countdown",)}
 EVERY = ALGORITHMS
+# the settings of the importance weights: they apply to every loss that takes weights (entry.weights)
+WEIGHT_SETTINGS = ("tis_cap", "rollout_correction", "rollout_correction_mode", "rollout_correction_low",
+                   "rollout_correction_high")
+# --kl-estimator choices that differ from k3 (k1) only in their gradient: in the reward nothing is differentiated
+GRADIENT_ONLY_KL = ("k3-is", "k3+", "k1+")
+
+
+def _own_defaults(setting):
+    """--help's default text of a shared setting: the declared one, then each loss's own."""
+    own = {}
+    for name, entry in POLICY_LOSSES.items():
+        if setting in entry.defaults:
+            own.setdefault(entry.defaults[setting], []).append(name)
+    return "; ".join(f"{', '.join(names)} {value}" for value, names in own.items())
 
 
 def _shared(item, default):
@@ -64,22 +79,26 @@ class OnlineConfig:
     # the GRPO family
     reduction: str = setting("sequence", "sequence = mean per response then over responses (GRPO, the lesson); "
                              "token = mean over all kept tokens (DAPO); constant = sum / (B*G*max_new_tokens) "
-                             "(Dr. GRPO)", choices=REDUCTIONS, applies=())
-    epsilon: float = setting(0.2, "clip half-width below 1", low=0.0, high=1.0, high_open=True, applies=("ppo",),
-                             default_text="0.2, gspo 3e-4")
+                             "(Dr. GRPO)", choices=REDUCTIONS, applies=(),
+                             default_text="sequence; " + _own_defaults("reduction"))
+    epsilon: float = setting(0.2, "clip half-width below 1; dppo-tv: the trust region on p - q; dppo-kl: on the "
+                             "binary KL; gmpo: in log space", low=0.0, high=1.0, high_open=True, applies=("ppo",),
+                             default_text="0.2; " + _own_defaults("epsilon"))
     epsilon_high: float = setting(None, "upper clip half-width (DAPO's clip-higher); cispo: the absolute cap on "
                                   "the ratio", low=0.0, high=100.0, optional=True, applies=(),
-                                  default_text="--epsilon; cispo 5.0, gspo 4e-4")
+                                  default_text="--epsilon; " + _own_defaults("epsilon_high"))
     dual_clip: float = setting(None, "dual-clip constant c > 1: the loss of an A < 0 token is at most -c * A",
                                low=1.0, high=1e6, low_open=True, optional=True, applies=())
     tau_pos: float = setting(1.0, "SAPO's gate temperature for A > 0", low=SAPO_MIN_TAU, high=100.0, applies=())
     tau_neg: float = setting(1.05, "SAPO's gate temperature for A < 0", low=SAPO_MIN_TAU, high=100.0, applies=())
-    advantage: str = setting("grpo", "grpo = (reward - group mean) / std; rloo = reward - mean of the other "
-                             "responses of the prompt", choices=("grpo", "rloo"), applies=GROUP)
+    advantage: str = setting("grpo", "; ".join(f"{name} = {entry.summary}" for name, entry in ADVANTAGES.items()),
+                             choices=tuple(ADVANTAGES), applies=GROUP)
     scale_rewards: str = setting("group", "divide by the group's std, the batch's, or none (Dr. GRPO)",
                                  choices=("group", "batch", "none"), applies=GROUP, requires=("advantage", ("grpo",)))
     kl_estimator: str = setting("k3", "the per-token KL estimator (k3 as the lesson; k1 = log-ratio; k2 = half "
-                                "its square)", choices=tuple(KL_ESTIMATORS), applies=GROUP)
+                                "its square; k3-is = k3 times the ratio to the old policy, TRL's default; k3+ and "
+                                "k1+ = k3's and k1's value with k2's gradient, verl's)",
+                                choices=tuple(LOSS_KL_ESTIMATORS) + (RATIO_CORRECTED_KL,), applies=GROUP)
     kl_in: str = setting("loss", "the KL as a loss term, or subtracted from each response's reward (beta times "
                          "its summed estimate) before the advantages", choices=("loss", "reward"), applies=GROUP)
     mask_truncated: bool = setting(False, "drop responses that hit the cap from the loss", applies=GROUP)
@@ -97,6 +116,61 @@ class OnlineConfig:
                                    "distribution", low=0.0, high=1.0, low_open=True, optional=True, applies=GROUP)
     tis_cap: float = setting(None, "weight each token's policy term by min(p_trainer / p_sampler, cap) "
                              "(truncated importance sampling)", low=1.0, high=1e6, optional=True, applies=())
+    # the second wave (SPEC section 9): every switch off by default, and out of the JSON settings while off
+    rollout_correction: str = setting(None, "weight each token's policy term by p_trainer / p_sampler of the token "
+                                      "or of the whole sequence (verl's rollout_is, TRL's vllm_importance_sampling_"
+                                      "mode); --tis-cap C is --rollout-correction token --rollout-correction-high C",
+                                      choices=ROLLOUT_LEVELS, optional=True, applies=(), quiet=True)
+    rollout_correction_mode: str = setting("truncate", "truncate the weight to [low, high], or mask: zero the "
+                                           "weight that leaves [low, high] (IcePop with both bounds)",
+                                           choices=ROLLOUT_MODES, applies=(), quiet=True,
+                                           requires=("rollout_correction", ROLLOUT_LEVELS))
+    rollout_correction_low: float = setting(None, "the weight's lower bound (off: open below)", low=0.0, high=1e6,
+                                            low_open=True, optional=True, applies=(), quiet=True,
+                                            requires=("rollout_correction", ROLLOUT_LEVELS))
+    rollout_correction_high: float = setting(2.0, "the weight's upper bound", low=0.0, high=1e6, low_open=True,
+                                             applies=(), quiet=True, requires=("rollout_correction", ROLLOUT_LEVELS))
+    off_policy_mask: float = setting(None, "drop from the loss a response with A < 0 whose mean log-ratio sampler / "
+                                     "policy exceeds this many nats (DeepSeek-V3.2, TRL's off_policy_mask_threshold)",
+                                     low=0.0, high=1e6, optional=True, applies=GROUP, quiet=True)
+    m2po: float = setting(None, "drop the tokens of largest squared log-ratio policy / sampler until their mean is "
+                          "below this (M2PO; its paper's 0.04)", low=0.0, high=1e6, low_open=True, optional=True,
+                          applies=GROUP, quiet=True)
+    entropy_coef: float = setting(0.0, "entropy bonus: minus this times the token mean of the policy's entropy "
+                                  "in the loss (TRL's entropy_coef, verl's entropy_coeff)", low=0.0, high=10.0,
+                                  applies=GROUP, quiet=True)
+    adaptive_entropy: float = setting(None, "target entropy in nats per token: the entropy coefficient starts at "
+                                      "--entropy-coef and moves by 0.005 each optimizer step, up while the entropy "
+                                      "is at or below the target, down above it, within [0, 1] (Skywork-OR1, TRL's "
+                                      "use_adaptive_entropy)", low=0.0, high=100.0, low_open=True, optional=True,
+                                      applies=GROUP, quiet=True)
+    top_entropy_quantile: float = setting(None, "train only on the kept tokens whose entropy is in this top share "
+                                          "of the batch's (0: the highest only; arXiv 2506.01939's 0.2, TRL's "
+                                          "top_entropy_quantile)", low=0.0, high=1.0, optional=True, applies=GROUP,
+                                          quiet=True)
+    # the second wave's losses: each setting applies to the losses that read it (online_registry.py)
+    dppo_cap: float = setting(3.0, "DPPO's cap on the detached ratio that weights each kept token (verl's "
+                              "clip_ratio_c)", low=0.0, high=1e6, low_open=True, applies=())
+    cov_fraction: float = setting(2e-4, "the share of kept tokens Clip-Cov detaches and KL-Cov penalizes (at least "
+                                  "one token; verl's clip_cov_ratio, kl_cov_ratio)", low=0.0, high=1.0,
+                                  low_open=True, applies=())
+    cov_low: float = setting(1.0, "Clip-Cov's lower bound on a candidate token's covariance (verl's clip_cov_lb)",
+                             low=-1e6, high=1e6, applies=())
+    cov_high: float = setting(5.0, "Clip-Cov's upper bound on a candidate token's covariance (verl's clip_cov_ub)",
+                              low=-1e6, high=1e6, applies=())
+    kl_cov_coef: float = setting(0.1, "KL-Cov's weight of |log-ratio| on its tokens (verl's ppo_kl_coef)", low=0.0,
+                                 high=100.0, applies=())
+    dro_tau: float = setting(0.1, "DRO's weight tau of the anchor tau / 2 * (log-ratio)**2 (verl's dro_beta, which "
+                             "has no default)", low=0.0, high=100.0, low_open=True, applies=())
+    cegppo_beta1: float = setting(0.75, "CE-GPPO's scale of the gradient of an A < 0 token below 1 - epsilon",
+                                  low=0.0, high=100.0, applies=())
+    cegppo_beta2: float = setting(1.0, "CE-GPPO's scale of the gradient of an A > 0 token above 1 + epsilon_high",
+                                  low=0.0, high=100.0, applies=())
+    vespo_k_pos: float = setting(2.0, "VESPO's power k of the sequence weight for A >= 0", low=0.0, high=100.0,
+                                 applies=())
+    vespo_lambda_pos: float = setting(3.0, "VESPO's lambda for A >= 0", low=0.0, high=100.0, applies=())
+    vespo_k_neg: float = setting(3.0, "VESPO's power k for A < 0", low=0.0, high=100.0, applies=())
+    vespo_lambda_neg: float = setting(2.0, "VESPO's lambda for A < 0", low=0.0, high=100.0, applies=())
     # PPO
     gamma: float = setting(1.0, "discount", low=0.0, high=1.0, applies=("ppo",))
     gae_lambda: float = setting(0.95, "GAE lambda", low=0.0, high=1.0, applies=("ppo",))
@@ -161,7 +235,8 @@ def applies_to(item):
     policy loss that reads it."""
     if item.applies is None:
         return EVERY
-    readers = tuple(name for name, entry in POLICY_LOSSES.items() if item.name in entry.reads)
+    readers = tuple(name for name, entry in POLICY_LOSSES.items()
+                    if item.name in entry.reads or (item.name in WEIGHT_SETTINGS and entry.weights))
     return tuple(name for name in EVERY if name in item.applies or name in readers)
 
 
@@ -216,6 +291,7 @@ def resolve(options):
         if needs is not None and values[needs[0]] not in needs[1]:
             holds = " or ".join(map(str, needs[1]))
             raise _error(name, f"applies only with {needs[0]} {holds}, got {values[needs[0]]}")
+    check_combinations(values, options)
     if values["max_new_tokens"] < TASK_MIN_NEW_TOKENS[task]:
         raise _error("max_new_tokens", f"expected at least {TASK_MIN_NEW_TOKENS[task]} for the {task} task (its "
                                        f"longest correct response), got {values['max_new_tokens']}")
@@ -230,11 +306,51 @@ def resolve(options):
     return OnlineConfig(**values)
 
 
+def check_combinations(values, options):
+    """SettingError for settings that are each in range but that the run cannot take together."""
+    if values["tis_cap"] is not None and values["rollout_correction"] is not None:
+        raise _error("rollout_correction", "not with --tis-cap, one of its cases (--rollout-correction token "
+                                           "--rollout-correction-high C): give one of the two")
+    low, high = values["rollout_correction_low"], values["rollout_correction_high"]
+    if values["rollout_correction"] is not None and low is not None and low > high:
+        raise _error("rollout_correction_low", f"expected at most --rollout-correction-high ({high}), got {low}")
+    if "cov_low" in options or "cov_high" in options:
+        if values["cov_low"] >= values["cov_high"]:
+            raise _error("cov_high", f"expected more than --cov-low ({values['cov_low']}), got {values['cov_high']}")
+    if values["kl_estimator"] in GRADIENT_ONLY_KL and values["kl_in"] == "reward":
+        raise _error("kl_estimator", f"{values['kl_estimator']} differs from k3 (k1) only in its gradient, and a KL "
+                                     "in the reward (--kl-in reward) is not differentiated: take k3 or k1")
+    if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].inputs == "components":
+        rewards = TASK_REWARDS[values["task"]]
+        if len(rewards) < 2:
+            raise _error("advantage", f"{values['advantage']} normalizes each of several rewards apart; the "
+                                      f"{values['task']} task has one (countdown has {len(TASK_REWARDS['countdown'])}:"
+                                      f" --policy transformer)")
+        changed = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward"),
+                                         ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
+        if changed:
+            raise _error("advantage", f"{values['advantage']} reads the task's rewards one by one, and "
+                                      f"{' and '.join(changed)} would change only their sum")
+    negative = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward" and values["beta"] > 0),
+                                      ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
+    if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].nonnegative and negative:
+        raise _error("advantage", f"{values['advantage']} divides by the group's mean reward and needs rewards >= 0, "
+                                  f"which {' and '.join(negative)} can make negative")
+
+
 def settings_block(cfg):
     """The run's settings that apply to its algorithm and policy, in declaration order (the JSON
-    "settings" head)."""
+    "settings" head); a quiet setting only while it changes something."""
     return {item.name: getattr(cfg, item.name) for item in SETTINGS if cfg.algorithm in APPLIES[item.name]
-            and (item.policies is None or cfg.policy in item.policies)}
+            and (item.policies is None or cfg.policy in item.policies) and not _silent(item, cfg)}
+
+
+def _silent(item, cfg):
+    if not item.quiet:
+        return False
+    if item.requires is not None:
+        return getattr(cfg, item.requires[0]) not in item.requires[1]
+    return getattr(cfg, item.name) == item.default
 
 
 def default_output(algorithm, options):
@@ -244,6 +360,7 @@ def default_output(algorithm, options):
     default folder."""
     policy = options.get("policy", BY_NAME["policy"].default)
     defaults = {item.name: item.default for item in SETTINGS} | POLICY_DEFAULTS[policy]
+    defaults |= POLICY_LOSSES[algorithm].defaults if algorithm in POLICY_LOSSES else {}  # a loss's own reduction
     prefix = "results-online" if policy == BY_NAME["policy"].default else f"results-online-{policy}"
     if algorithm == "all":
         name = f"{prefix}-all"

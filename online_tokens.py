@@ -1,11 +1,15 @@
 """Online RL on a tiny autoregressive policy: sample, verify, update, token by token. PPO with a critic,
 online DPO, GRPO, CISPO, GSPO and SAPO on one task, with the field's switches (RLOO, Dr. GRPO, DAPO,
-dual-clip, k1/k2/k3, KL in the loss or the reward, truncation, sampler mismatch and TIS).
+dual-clip, k1/k2/k3, KL in the loss or the reward, truncation, sampler mismatch and TIS), and the second
+wave registered in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO,
+LUSPO; MaxRL, REINFORCE++, OPO, pass@k, GDPO; rollout correction, off-policy and M2PO masks, k3-is/k3+/k1+,
+the entropy bonus, its adaptive coefficient and the high-entropy mask).
 
     python online_tokens.py                              # GRPO -> results-online-grpo-sequence/online.{csv,json}
     python online_tokens.py --algorithm cispo            # -> results-online-cispo-sequence/
     python online_tokens.py --algorithm ppo              # PPO + GAE with a critic -> results-online-ppo/
     python online_tokens.py --algorithm all              # PPO, DPO, GRPO, CISPO at one budget -> results-online-all/
+    python online_tokens.py --algorithm dppo-tv --advantage maxrl   # -> results-online-dppo-tv-token-advantage-maxrl/
 
 The loop of RL with a verifiable reward (RLVR), on a CPU in a fraction of a second. The task (tasks.py):
 the prompt is a number n in 0..5 and the correct answer is n in binary followed by EOS; a rule-based
@@ -113,16 +117,18 @@ def setup(**options):
     task = TASKS[cfg.task](cfg.max_new_tokens)
     policy = POLICIES[cfg.policy](cfg, task, progress=progress)
     family = FAMILIES[family_of(cfg.algorithm)]
-    algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None)
+    generator = torch.Generator(device=DEVICE).manual_seed(cfg.seed)
+    algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None, generator)
     splits = ("train",) if task.prompt_count("test") == 0 else ("train", "test")
     exact = policy.exact  # a table is evaluated exactly on every prompt; a transformer on a fixed draw
     return Run(
         cfg=cfg, task=task, policy=policy, reference=policy.snapshot(), algorithm=algorithm,
         optimizer=torch.optim.Adam(policy.parameters() + algorithm.parameters(), lr=cfg.learning_rate),
-        generator=torch.Generator(device=DEVICE).manual_seed(cfg.seed),
+        generator=generator,
         evaluation={split: solution_batch(task, evaluated_prompts(task, split, None if exact else cfg.eval_prompts),
                                           cfg.max_new_tokens) for split in splits},
-        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS),
+        # the second wave's switches add their own columns, only when they are on
+        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS) + algorithm.extra_columns,
     )
 
 
@@ -148,7 +154,8 @@ class Batch:
     entropy at each position; kl_reference, KL(old || reference) over whole responses estimated on the
     batch (`kl_per_response`); scores (N,), the reward the credit uses (the algorithm's `scores`);
     responses_sampled, tokens_sampled: the budget spent, resampled responses included; filtered_groups:
-    groups dropped by dynamic sampling."""
+    groups dropped by dynamic sampling; reward_components (N, K), the task's rewards one by one (only for an
+    advantage that reads them)."""
 
     prompts: torch.Tensor
     completion_ids: torch.Tensor
@@ -165,6 +172,7 @@ class Batch:
     responses_sampled: int = 0
     tokens_sampled: int = 0
     filtered_groups: int = 0
+    reward_components: torch.Tensor = None
 
 
 def kl_per_response(logits, ref_logits, mask):
@@ -236,6 +244,9 @@ def rollout(state):
     else:
         batch = parts[0]
     batch.mask = completion_mask(batch.completion_ids, state.task.eos_id, batch.real, check=False)  # (N, R)
+    if state.algorithm.reward_components:  # an advantage that normalizes each of the task's rewards apart
+        batch.reward_components = state.task.reward_components(batch.prompts, batch.completion_ids, batch.real,
+                                                               batch.truncated)  # (N, K)
     with torch.no_grad():
         # from the same tempered logits the update uses: the ratio is exactly 1 at first
         old_logits = old.logits(batch.prompts, batch.completion_ids)  # (N, R, V)
@@ -311,9 +322,11 @@ def update(state, batch, batch_credit):
     kept = batch_credit.loss_mask.bool()
     losses, ratios, passes = [], [], []
     for epoch in range(state.cfg.updates_per_batch):
-        logps = logps_of_tokens(state.policy.logits(batch.prompts, batch.completion_ids), batch.completion_ids)
+        logits = state.policy.logits(batch.prompts, batch.completion_ids)  # (N, R, V)
+        logps = logps_of_tokens(logits, batch.completion_ids)
         check_exponents(logps.detach(), batch, kept)
-        loss, diagnostics, ratio = state.algorithm.loss(logps, batch, batch_credit, first_pass=epoch == 0)
+        loss, diagnostics, ratio = state.algorithm.loss(logps, batch, batch_credit, first_pass=epoch == 0,
+                                                        logits=logits)
         clip_grad_norm_step(state, loss)
         losses.append(loss.item())
         passes.append(diagnostics)
@@ -602,7 +615,9 @@ def build_parser():
     parser = OneLineErrorParser(
         prog="online_tokens.py",
         description="Online RL of a tiny autoregressive policy with a rule-based verifier: PPO (critic + GAE), "
-                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO, with the field's switches; writes "
+                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO and every loss and advantage registered "
+                    "in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO; "
+                    "MaxRL, REINFORCE++, OPO, pass@k, GDPO, GPG), with the field's switches; writes "
                     "online.csv and online.json (per algorithm, plus a comparison table for --algorithm all). "
                     "Every option is off (or the first release's value) by default; one that does not apply "
                     "to the algorithm is an error.",

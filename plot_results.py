@@ -67,11 +67,12 @@ from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, Nul
 
 _matplotlib_log.setLevel(_previous_level)
 
+from online_registry import ALGORITHMS, COLORS  # noqa: E402  (no torch: the registry names its atoms)
+
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
-ONLINE_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo", "gspo", "sapo")  # online_tokens.ALGORITHMS, in figure order
-# one colour per algorithm in every figure; runs of one algorithm get shades of it and their own dashes
-COLORS = {"ppo": "#1f77b4", "dpo": "#d62728", "grpo": "#2ca02c", "cispo": "#9467bd", "gspo": "#ff7f0e",
-          "sapo": "#8c564b"}
+ONLINE_ALGORITHMS = ALGORITHMS  # online_tokens.ALGORITHMS, in figure order
+# one colour per algorithm in every figure (each registry entry's own); runs of one algorithm get shades of it
+# and their own dashes
 OTHER_COLORS = ("#7f7f7f", "#17becf", "#bcbd22", "#e377c2")  # an algorithm this list does not know yet
 DASHES = ("-", "--", ":", "-.")
 # rl_lab.reward_table(): the bandit's rewards R(x, a), used when a run's JSON does not give its own table

@@ -15,6 +15,8 @@ else, so a new task plugs in without touching the loop):
     describe(prompt)                          {"prompt": ..., "answer": ...} for decoded batches
     decode(tokens)                            readable text of token ids
     settings()                                the JSON block that describes the task
+    reward_names                              the names of its rewards (Countdown's two: correct, format)
+    reward_components(...)                    (N, K) its rewards one by one, for a task with several
 
 The binary task is the lab's first: the prompt is a number n in 0..5 and the correct answer is n in
 binary ("0", "1", "10", "11", "100", "101") followed by EOS.
@@ -100,6 +102,8 @@ class BinaryTask:
             dtype=DTYPE,
         )
 
+    reward_names = ("reward",)  # one reward: an advantage over several (GDPO) needs another task
+
     def correct(self, rewards):
         return rewards == self.reward_correct
 
@@ -141,5 +145,7 @@ TASKS = {  # name -> a builder of the task for responses of at most max_new_toke
 # the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
 # longest expression over 4 numbers has 7 tokens + EOS
 TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens": 8}}
+# the rewards each task scores one by one (reward_components): Countdown's correctness and format
+TASK_REWARDS = {"binary": BinaryTask.reward_names, "countdown": CountdownTask.reward_names}
 # the shortest cap each task accepts: Countdown's verifier needs room for its longest expression and EOS
 TASK_MIN_NEW_TOKENS = {"binary": 1, "countdown": 2 * CountdownConfig().numbers_per_prompt}

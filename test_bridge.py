@@ -113,8 +113,7 @@ class Commands(unittest.TestCase):
         # task are the lab's (the export writes its own model and task)
         self.assertEqual(untested, {"steps", "seed", "prompts", "group_size", "max_new_tokens", "temperature",
                                     "updates_per_batch", "learning_rate", "epsilon", "tau_pos", "tau_neg",
-                                    "gamma", "gae_lambda", "value_coef", "dpo_beta", "simpo_gamma", "policy",
-                                    "task"})
+                                    "gamma", "gae_lambda", "value_coef", "dpo_beta", "simpo_gamma", "task"})
 
     def test_check_refuses_an_option_the_installed_library_lacks(self):
         with self.assertRaisesRegex(ValueError, "RLOOConfig: .*loss_type"):

@@ -102,6 +102,40 @@ PROGRAMS = {
         ("--sft-folder", ["--policy", "transformer", "--sft-folder", os.devnull]),  # checked before any training
         ("--max-new-tokens", ["--policy", "transformer", "--max-new-tokens", "7"]),  # Countdown's longest is 8
         ("--prompts", ["--policy", "transformer", "--prompts", "4096", "--group-size", "2"]),  # memory
+        # the second wave: each flag checked once, and each combination a loss cannot take
+        ("--algorithm", ["--algorithm", "dppo"]),
+        ("--advantage", ["--advantage", "gdpo"]),  # no task with several rewards in the loop
+        ("--advantage", ["--advantage", "maxrl", "--kl-in", "reward"]),  # MaxRL needs rewards >= 0
+        ("--advantage", ["--advantage", "maxrl", "--overlong-penalty", "2"]),
+        ("--scale-rewards", ["--advantage", "opo", "--scale-rewards", "none"]),  # OPO divides by no std
+        ("--epsilon", ["--algorithm", "kl-cov", "--epsilon", "0.1"]),  # KL-Cov has no ratio clip
+        ("--epsilon", ["--algorithm", "dppo-tv", "--epsilon", "0"]),  # an empty trust region
+        ("--dual-clip", ["--algorithm", "dppo-kl", "--dual-clip", "3"]),
+        ("--reduction", ["--algorithm", "gmpo", "--reduction", "token"]),  # GMPO reduces per sequence itself
+        ("--dppo-cap", ["--dppo-cap", "2"]),  # a DPPO setting with grpo
+        ("--dppo-cap", ["--algorithm", "dppo-tv", "--dppo-cap", "0"]),
+        ("--cov-fraction", ["--algorithm", "clip-cov", "--cov-fraction", "0"]),
+        ("--cov-high", ["--algorithm", "clip-cov", "--cov-low", "5", "--cov-high", "1"]),
+        ("--kl-cov-coef", ["--algorithm", "clip-cov", "--kl-cov-coef", "1"]),
+        ("--dro-tau", ["--algorithm", "dro", "--dro-tau", "0"]),
+        ("--cegppo-beta1", ["--algorithm", "cegppo", "--cegppo-beta1", "-1"]),
+        ("--vespo-k-pos", ["--algorithm", "vespo", "--vespo-k-pos", "nan"]),
+        ("--tis-cap", ["--algorithm", "vespo", "--tis-cap", "2"]),  # VESPO takes no importance weights
+        ("--rollout-correction", ["--rollout-correction", "tokens"]),
+        ("--rollout-correction", ["--algorithm", "luspo", "--rollout-correction", "token"]),
+        ("--rollout-correction", ["--tis-cap", "2", "--rollout-correction", "token"]),  # TIS is one of its cases
+        ("--rollout-correction-mode", ["--rollout-correction-mode", "mask"]),  # without --rollout-correction
+        ("--rollout-correction-low", ["--rollout-correction", "token", "--rollout-correction-low", "3"]),  # > high
+        ("--rollout-correction-high", ["--rollout-correction", "token", "--rollout-correction-high", "0"]),
+        ("--off-policy-mask", ["--off-policy-mask", "-0.1"]),
+        ("--off-policy-mask", ["--algorithm", "ppo", "--off-policy-mask", "0.1"]),
+        ("--m2po", ["--m2po", "0"]),
+        ("--kl-estimator", ["--kl-estimator", "k4"]),
+        ("--kl-estimator", ["--kl-estimator", "k3+", "--kl-in", "reward"]),  # only its gradient differs from k3
+        ("--entropy-coef", ["--entropy-coef", "-0.1"]),
+        ("--entropy-coef", ["--algorithm", "dpo", "--entropy-coef", "0.1"]),
+        ("--adaptive-entropy", ["--adaptive-entropy", "0"]),
+        ("--top-entropy-quantile", ["--top-entropy-quantile", "1.5"]),
     ]),
     "experiments.py": Program(experiments.main, experiments.build_parser,
                               ["kl-estimators", "--seeds", "1", "--output", "{out}"], "folder", [

@@ -327,6 +327,19 @@ class Rewards(unittest.TestCase):
         narrow = task.rewards(prompts[short], ids[short, :6], real[short, :6].long(), truncated[short])
         self.assertEqual(narrow.tolist(), [expected[i] for i in short])
 
+    def test_reward_components_are_correctness_and_format_from_the_same_verdict(self):
+        task = CountdownTask(CountdownConfig(partial_credit=0.1))  # partial credit = a legal expression, wrong value
+        pairs = task.demonstrations(300, torch.Generator().manual_seed(4))
+        prompts = torch.tensor([prompt for prompt, _ in pairs])
+        ids, real, truncated = padded_batch(task, [response for _, response in pairs])
+        rewards = task.rewards(prompts, ids, real, truncated)
+        components = task.reward_components(prompts, ids, real, truncated)
+        self.assertEqual((tuple(components.shape), components.dtype), ((300, 2), torch.float64))
+        self.assertEqual(components[:, 0].tolist(), [float(value == 1.0) for value in rewards.tolist()])
+        self.assertEqual(components[:, 1].tolist(), [float(value > 0.0) for value in rewards.tolist()])
+        self.assertEqual({tuple(row) for row in components.tolist()}, {(0.0, 0.0), (0.0, 1.0), (1.0, 1.0)})
+        self.assertEqual(task.reward_names, ("correct", "format"))
+
     def test_inconsistent_batches_name_the_argument(self):
         prompt = prompt_of(TASK, (3, 5, 6, 7), 12)
         ids, real, truncated = padded_batch(TASK, [TASK.encode("5+7EOS"), TASK.encode("5+7+3-6+")])

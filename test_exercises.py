@@ -454,7 +454,7 @@ class Commands(unittest.TestCase):
                 self.assertEqual(set(calls), set(run.atoms))
         self.assertIs(rl_lab.clipped_policy_loss, BY_NAME["clipped_policy_loss"].solution)
         self.assertIs(rl_lab.KL_ESTIMATORS["k3"], rl_lab.token_kl_penalty)
-        self.assertIs(exercises.online_algorithms.POLICY_LOSSES["cispo"].atom, rl_lab.cispo_policy_loss)
+        self.assertIs(exercises.online_algorithms.POLICY_LOSSES["cispo"].function, rl_lab.cispo_policy_loss)
 
     def test_an_atom_that_fails_inside_a_run_is_restored_and_reported(self):
         def broken(*args, **kwargs):

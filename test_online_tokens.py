@@ -21,8 +21,10 @@ import sft
 from countdown import CountdownTask
 from lab_testing import float64, parallel_calls, run_main, single_thread_module
 import online_algorithms
+import online_registry
+import rl_lab
 from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
-from online_settings import resolve
+from online_settings import default_output, resolve
 from policies import TableCritic, logps_of_tokens, nucleus
 from tasks import BinaryTask
 from rl_lab import DTYPE, dpo_loss, grpo_policy_loss, sequence_log_ratio, clipped_policy_loss
@@ -121,7 +123,9 @@ class OnlineGRPO(unittest.TestCase):
         for name, entry in POLICY_LOSSES.items():
             with self.subTest(loss=name):
                 logps = current_logps(state, batch).detach().requires_grad_(True)
-                loss = entry.atom(logps, batch.old_logps, batch.ref_logps, credit.advantages, batch.mask, beta=0.02)
+                inputs = (logps, batch.old_logps, batch.ref_logps) if entry.old_policy else (logps, batch.ref_logps)
+                extra = {"tau": 0.1} if name == "dro" else {}  # DRO's tau has no default
+                loss = entry.function(*inputs, credit.advantages, batch.mask, beta=0.02, **extra)
                 loss.backward()
                 self.assertEqual(logps.grad[~kept].abs().max().item(), 0.0)
                 self.assertGreater(logps.grad[kept].abs().max().item(), 0.0)
@@ -633,7 +637,7 @@ class OnlineDPO(unittest.TestCase):
                 c, r = credit.chosen, credit.rejected
                 extra = {keyword: getattr(state.cfg, setting) for setting, keyword in entry.reads.items()}
                 references = (ref[c], ref[r]) if entry.reference else ()
-                expected = entry.atom(sequence[c], sequence[r], *references, beta=state.cfg.dpo_beta, **extra).mean()
+                expected = entry.function(sequence[c], sequence[r], *references, beta=state.cfg.dpo_beta, **extra).mean()
                 loss, _, _ = state.algorithm.loss(logps, batch, credit, first_pass=True)
                 self.assertAlmostEqual(loss.item(), expected.item(), places=13)
 
@@ -708,6 +712,248 @@ class GroupFamilySwitches(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
+# The second wave (SPEC section 9): registered losses, advantages and switches
+# ---------------------------------------------------------------------------------------------
+
+# loss -> (options that differ from its defaults, the atom's keywords they must reach); beta 0.02 besides
+WIRING = {
+    "dppo-tv": ({"epsilon": 0.05, "epsilon_high": 0.1, "dppo_cap": 1.5},
+                {"kind": "tv", "delta": 0.05, "delta_high": 0.1, "cap": 1.5, "reduction": "token"}),
+    "dppo-kl": ({"epsilon": 0.01, "dppo_cap": 1.5}, {"kind": "kl", "delta": 0.01, "cap": 1.5, "reduction": "token"}),
+    "gmpo": ({"epsilon": 0.05, "epsilon_high": 0.1}, {"epsilon": 0.05, "epsilon_high": 0.1}),
+    "clip-cov": ({"epsilon": 0.05, "cov_fraction": 0.2, "cov_low": -5.0, "cov_high": 5.0},
+                 {"epsilon": 0.05, "fraction": 0.2, "cov_low": -5.0, "cov_high": 5.0, "reduction": "token"}),
+    "kl-cov": ({"cov_fraction": 0.2, "kl_cov_coef": 2.0}, {"fraction": 0.2, "coef": 2.0, "reduction": "token"}),
+    "dro": ({"dro_tau": 3.0}, {"tau": 3.0, "reduction": "token"}),
+    "gpg": ({"reduction": "sequence"}, {"reduction": "sequence"}),
+    "topr": ({"reduction": "sequence"}, {"reduction": "sequence"}),
+    "cegppo": ({"epsilon": 0.05, "cegppo_beta1": 0.3, "cegppo_beta2": 2.0, "dual_clip": 2.0},
+               {"epsilon": 0.05, "beta1": 0.3, "beta2": 2.0, "dual_clip": 2.0, "reduction": "token"}),
+    "vespo": ({"vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 1.5, "vespo_lambda_neg": 0.7},
+              {"k_pos": 1.0, "lambda_pos": 0.5, "k_neg": 1.5, "lambda_neg": 0.7, "reduction": "token"}),
+    "luspo": ({"epsilon": 0.01, "epsilon_high": 0.02}, {"epsilon": 0.01, "epsilon_high": 0.02}),
+}
+FIRST_WAVE = ("grpo", "cispo", "gspo", "sapo")
+NEW_ADVANTAGES = ("maxrl", "reinforce-pp", "reinforce-pp-baseline", "opo", "passk", "gpg")
+
+
+def moved_batch(options, seed=3):
+    """A run's batch, credit and the log-probs after one update on it (ratios away from 1)."""
+    state = online_tokens.setup(seed=seed, **options)
+    shuffled(state, 4)
+    batch, credit = rollout_with_credit(state)
+    online_tokens.update(state, batch, credit)
+    return state, batch, credit
+
+
+def reinforce_pp_by_hand(scores, lengths):
+    """REINFORCE++ at gamma 1 with the reward on the last token: every kept token's return is the response's
+    score; whitened over the kept tokens (unbiased variance, + 1e-8 in the sqrt), a loop over responses."""
+    tokens = [score for score, length in zip(scores.tolist(), lengths.tolist()) for _ in range(length)]
+    mean = math.fsum(tokens) / len(tokens)
+    variance = math.fsum((value - mean) ** 2 for value in tokens) / (len(tokens) - 1)
+    return t([(score - mean) / math.sqrt(variance + 1e-8) for score in scores.tolist()])
+
+
+class SecondWave(unittest.TestCase):
+    def test_every_registered_loss_is_its_atom_with_the_settings_its_entry_names(self):
+        self.assertEqual(set(WIRING) | set(FIRST_WAVE), set(POLICY_LOSSES))
+        for name, (options, keywords) in WIRING.items():
+            with self.subTest(loss=name):
+                state, batch, credit = moved_batch({"algorithm": name, **options})
+                entry = POLICY_LOSSES[name]
+                logps = current_logps(state, batch)
+                draws = torch.Generator().set_state(state.generator.get_state())  # Clip-Cov's draw, replayed
+                loss = state.algorithm.loss(logps, batch, credit, first_pass=False, logits=None)[0]
+                atom = getattr(rl_lab, entry.atom)
+                inputs = (logps, batch.old_logps, batch.ref_logps) if entry.old_policy else (logps, batch.ref_logps)
+                extra = {"max_new_tokens": 5} if "reduction" in keywords else {}
+                if entry.generator:
+                    extra["generator"] = draws
+                expected = atom(*inputs, credit.advantages, batch.mask, beta=0.02, **keywords, **extra)
+                self.assertEqual(loss.item(), expected.item())
+                # the settings change the loss: a loop that dropped them would fail above
+                defaults = {key: value for key, value in keywords.items() if key == "kind"}
+                defaults.update({"tau": 0.1} if "tau" in keywords else {})  # DRO's atom has no default tau
+                if entry.generator:
+                    extra["generator"] = torch.Generator().set_state(state.generator.get_state())
+                plain = atom(*inputs, credit.advantages, batch.mask, beta=0.02, **defaults, **extra)
+                self.assertNotAlmostEqual(plain.item(), expected.item(), places=9)
+
+    def test_every_registered_advantage_is_its_atom_on_the_scores(self):
+        for name in NEW_ADVANTAGES:
+            with self.subTest(advantage=name):
+                state = online_tokens.setup(seed=3, advantage=name)
+                shuffled(state, 4)
+                batch = online_tokens.rollout(state)
+                grouped, lengths = batch.scores.reshape(8, 8), batch.mask.sum(dim=1)
+                expected = {
+                    "maxrl": lambda: rl_lab.maxrl_advantages(grouped),
+                    "reinforce-pp": lambda: reinforce_pp_by_hand(batch.scores, lengths),
+                    "reinforce-pp-baseline": lambda: rl_lab.reinforce_pp_baseline_advantages(grouped,
+                                                                                          lengths.reshape(8, 8)),
+                    "opo": lambda: rl_lab.opo_advantages(grouped, lengths.reshape(8, 8)),
+                    "passk": lambda: rl_lab.passk_advantages(grouped),
+                    "gpg": lambda: rl_lab.gpg_advantages(grouped),
+                }[name]().reshape(-1)
+                advantages = online_tokens.credit(state, batch).advantages
+                torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-12)
+                grpo = rl_lab.group_relative_advantages(batch.scores, 8, eps=1e-4)
+                self.assertGreater((advantages - grpo).abs().max().item(), 1e-3)  # not GRPO's under another name
+
+    def test_each_new_loss_and_advantage_learns_the_binary_task(self):
+        # 10 iterations from 0.0535: each passes 0.35 on seed 7; with the advantages' sign flipped each falls
+        # to 0.001, with them zeroed each stays at 0.053
+        for options in [{"algorithm": name} for name in WIRING] + [{"advantage": name} for name in NEW_ADVANTAGES]:
+            with self.subTest(**options):
+                rows = online_tokens.train(steps=10, **options)[0]
+                self.assertAlmostEqual(rows[0]["success_probability"], 0.0535, delta=1e-4)
+                self.assertGreater(rows[-1]["success_probability"], 0.35)
+
+    def test_rollout_correction_token_truncate_is_tis_and_the_sequence_mask_keeps_whole_responses(self):
+        def weights(**options):
+            state = online_tokens.setup(seed=2, rollout_temperature=3.0, **options)
+            shuffled(state, 5)
+            batch, credit = rollout_with_credit(state)
+            return batch, credit.importance_weights
+
+        batch, tis = weights(tis_cap=1.5)
+        _, token = weights(rollout_correction="token", rollout_correction_high=1.5)
+        self.assertTrue(torch.equal(tis, token))
+        self.assertEqual(token.max().item(), 1.5)
+        _, masked_weights = weights(rollout_correction="sequence", rollout_correction_mode="mask",
+                                    rollout_correction_low=0.5, rollout_correction_high=2.0)
+        kept = batch.mask.bool()
+        for row in range(batch.mask.shape[0]):  # a loop over responses: exp(sum of old - sampler), or 0 outside
+            log_weight = math.fsum((batch.old_logps[row][kept[row]] - batch.sampler_logps[row][kept[row]]).tolist())
+            weight = math.exp(log_weight) if 0.5 <= math.exp(log_weight) <= 2.0 else 0.0
+            torch.testing.assert_close(masked_weights[row][kept[row]], torch.full((int(kept[row].sum()),), weight,
+                                                                                dtype=DTYPE), rtol=1e-12, atol=0)
+            self.assertEqual(masked_weights[row][~kept[row]].abs().sum().item(), 0.0)
+        self.assertTrue(0 < int((masked_weights[:, 0] == 0).sum()) < batch.mask.shape[0])  # some masked, not all
+
+    def test_the_off_policy_mask_drops_only_negative_responses_far_from_the_sampler(self):
+        state, batch, credit = moved_batch({"rollout_temperature": 2.0, "off_policy_mask": 0.05, "reduction": "token"})
+        logps = current_logps(state, batch).detach()
+        masks = state.algorithm.masks(logps, batch, credit, None)
+        kept = batch.mask.bool()
+        dropped = []
+        for row in range(kept.shape[0]):  # a loop over responses
+            gap = (batch.sampler_logps[row] - logps[row])[kept[row]].mean().item()
+            dropped.append(credit.advantages[row].item() < 0 and gap > 0.05)
+            self.assertEqual(masks.keep[row].tolist(), [0.0 if dropped[-1] else 1.0] * 5)
+        self.assertTrue(0 < sum(dropped) < int((credit.advantages < 0).sum()))
+        self.assertEqual(masks.columns["off_policy_masked_fraction"], sum(dropped) / 64)
+        # as TRL: a dropped response's policy term is 0, its tokens stay in the token mean's count
+        self.assertTrue(torch.equal(masks.loss_mask, credit.loss_mask))
+        loss = state.algorithm.loss(logps, batch, credit, first_pass=False)[0]
+        expected = grpo_policy_loss(logps, batch.old_logps, batch.ref_logps, credit.advantages, batch.mask, beta=0.02,
+                                    reduction="token", importance_weights=masks.keep)
+        self.assertEqual(loss.item(), expected.item())
+        # a loss that takes no weights (VESPO) drops the responses from its mask instead
+        state, batch, credit = moved_batch({"algorithm": "vespo", "rollout_temperature": 2.0, "off_policy_mask": 0.05})
+        logps = current_logps(state, batch).detach()
+        masks = state.algorithm.masks(logps, batch, credit, None)
+        self.assertIsNone(masks.keep)
+        kept = batch.mask.bool()
+        for row in range(kept.shape[0]):
+            gap = (batch.sampler_logps[row] - logps[row])[kept[row]].mean().item()
+            drop = credit.advantages[row].item() < 0 and gap > 0.05
+            self.assertEqual(masks.loss_mask[row].tolist(), [0] * 5 if drop else credit.loss_mask[row].tolist())
+        self.assertGreater(masks.columns["off_policy_masked_fraction"], 0.0)
+
+    def test_m2po_drops_the_largest_squared_log_ratios_until_their_mean_is_below_the_threshold(self):
+        state, batch, credit = moved_batch({"rollout_temperature": 2.0, "m2po": 0.04})
+        logps = current_logps(state, batch).detach()
+        masks = state.algorithm.masks(logps, batch, credit, None)
+        squared = (logps - batch.sampler_logps).square()
+        kept, left = batch.mask.bool(), masks.loss_mask.bool()
+        self.assertLess(squared[left].mean().item(), 0.04)
+        self.assertGreaterEqual(squared[kept & ~left].min().item(), squared[left].max().item())
+        self.assertGreater(int((kept & ~left).sum()), 0)
+        self.assertAlmostEqual(masks.columns["m2po_masked_fraction"], int((kept & ~left).sum()) / int(kept.sum()),
+                               places=15)
+
+    def test_k3_is_and_k3_plus_have_k3s_value_and_k2s_gradient_on_the_first_pass(self):
+        def first_pass(estimator):
+            state = online_tokens.setup(seed=4, beta=0.5, kl_estimator=estimator)
+            shuffled(state, 8)  # the policy leaves the reference (snapshotted at setup): the KL is not 0
+            batch, credit = rollout_with_credit(state)
+            logps = current_logps(state, batch).detach().requires_grad_(True)
+            loss = state.algorithm.loss(logps, batch, credit, first_pass=True)[0]
+            loss.backward()
+            return loss.item(), logps.grad
+
+        k3, k3_grad = first_pass("k3")
+        k2, k2_grad = first_pass("k2")
+        self.assertGreater((k3_grad - k2_grad).abs().max().item(), 1e-6)  # k3's gradient is not k2's
+        for estimator in ("k3+", "k3-is"):
+            with self.subTest(estimator=estimator):
+                value, grad = first_pass(estimator)
+                self.assertAlmostEqual(value, k3, places=15)
+                torch.testing.assert_close(grad, k2_grad, rtol=0, atol=1e-15)
+        value, grad = first_pass("k1+")
+        torch.testing.assert_close(grad, k2_grad, rtol=0, atol=1e-15)
+
+    def test_the_entropy_bonus_is_minus_coef_times_the_token_mean_entropy(self):
+        state = online_tokens.setup(seed=5, entropy_coef=0.1)
+        shuffled(state, 3)
+        batch, credit = rollout_with_credit(state)
+        logits = state.policy.logits(batch.prompts, batch.completion_ids)
+        logps = logps_of_tokens(logits, batch.completion_ids)
+        loss = state.algorithm.loss(logps, batch, credit, first_pass=True, logits=logits)[0]
+        plain = online_algorithms.GroupFamily(resolve({})).loss(logps, batch, credit, first_pass=True)[0]
+        kept = batch.mask.bool()
+        probs = torch.softmax(logits, dim=-1)
+        entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(dim=-1)[kept].mean()
+        self.assertAlmostEqual(loss.item() - plain.item(), -0.1 * entropy.item(), places=14)
+
+    def test_the_adaptive_coefficient_moves_by_delta_each_optimizer_step_within_its_bounds(self):
+        # a target above any entropy of 3 tokens (ln 3 = 1.1 nats) raises it; a target near 0 lowers it to 0
+        rising = online_tokens.train(steps=3, entropy_coef=0.05, adaptive_entropy=5.0)[0]
+        falling = online_tokens.train(steps=3, entropy_coef=0.008, adaptive_entropy=1e-3)[0]
+        # the column is the mean of the coefficients the two passes of the iteration used
+        for got, expected in zip([row["entropy_coef"] for row in rising[1:]], [0.0525, 0.0625, 0.0725]):
+            self.assertAlmostEqual(got, expected, places=12)
+        for got, expected in zip([row["entropy_coef"] for row in falling[1:]], [0.0055, 0.0, 0.0]):
+            self.assertAlmostEqual(got, expected, places=12)
+
+    def test_the_entropy_mask_keeps_the_top_share_of_kept_tokens(self):
+        state = online_tokens.setup(seed=5, top_entropy_quantile=0.25)
+        shuffled(state, 3)
+        batch, credit = rollout_with_credit(state)
+        logits = state.policy.logits(batch.prompts, batch.completion_ids).detach()
+        entropies = rl_lab.token_entropy(logits)
+        masks = state.algorithm.masks(current_logps(state, batch).detach(), batch, credit, entropies)
+        columns = masks.columns
+        self.assertTrue(torch.equal(masks.loss_mask, credit.loss_mask))  # as TRL: low-entropy tokens stay counted
+        self.assertTrue(torch.equal(masks.bonus_mask.bool(), masks.keep.bool()))  # the bonus averages the kept ones
+        kept, left = batch.mask.bool(), masks.keep.bool()
+        values = sorted(entropies[kept].tolist())
+        threshold = torch.quantile(entropies[kept], 0.75).item()
+        self.assertEqual(left.tolist(), (kept & (entropies >= threshold)).tolist())
+        # ties at the quantile stay in: at least the top quarter, far from every token
+        self.assertTrue(0.25 * len(values) <= int(left.sum()) < 0.5 * len(values))
+        self.assertAlmostEqual(columns["entropy_masked_fraction"], 1 - int(left.sum()) / len(values), places=15)
+
+    def test_the_default_folder_names_the_losss_own_reduction(self):
+        self.assertEqual(default_output("dppo-tv", {"advantage": "maxrl"}), "results-online-dppo-tv-token-advantage-maxrl")
+        self.assertEqual(default_output("topr", {"reduction": "constant"}), "results-online-topr-constant")
+        self.assertEqual(default_output("topr", {"reduction": "token"}), "results-online-topr-token")
+        self.assertEqual(default_output("luspo", {}), "results-online-luspo-sequence")  # its own, per sequence
+
+    def test_every_entry_has_its_atom_a_colour_of_its_own_and_a_known_mapping(self):
+        for name, entry in POLICY_LOSSES.items():
+            with self.subTest(loss=name):
+                self.assertTrue(callable(getattr(rl_lab, entry.atom)))
+                self.assertRegex(entry.color, r"^#[0-9a-f]{6}$")
+        colors = [entry.color for entry in POLICY_LOSSES.values()] + list(online_registry.FAMILY_COLORS.values())
+        self.assertEqual(len(set(colors)), len(colors))
+        for name, entry in online_registry.ADVANTAGES.items():
+            self.assertTrue(callable(getattr(rl_lab, entry.atom)), name)
+
+
+# ---------------------------------------------------------------------------------------------
 # The transformer policy on Countdown (online_tokens.py --policy transformer)
 # ---------------------------------------------------------------------------------------------
 
@@ -740,6 +986,29 @@ class TransformerRuns(unittest.TestCase):
                 self.assertEqual((report["settings"]["policy"], report["settings"]["task"]), ("transformer", "countdown"))
                 self.assertEqual(rows[-1]["optimizer_steps"] > 0, rows[-1]["pairs"] > 0 or algorithm != "dpo")
                 self.assertNotIn("evaluation", report)  # eval_samples 0
+
+    def test_the_second_waves_advantages_and_switches_run_and_add_their_columns(self):
+        switches = {"rollout_correction": "token", "off_policy_mask": 0.5, "m2po": 0.04, "kl_estimator": "k3-is",
+                    "entropy_coef": 0.01, "adaptive_entropy": 0.3, "top_entropy_quantile": 0.5}
+        extra = ["off_policy_masked_fraction", "m2po_masked_fraction", "entropy_masked_fraction", "entropy_coef"]
+        for options in [{"advantage": name} for name in NEW_ADVANTAGES + ("gdpo",)] + [switches]:
+            with self.subTest(**options):
+                rows, report = online_tokens.train(steps=1, **options, **self.small)
+                columns = online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS
+                self.assertEqual(list(rows[0]), columns + (extra if options is switches else []))
+                self.assertEqual(rows[-1]["optimizer_steps"], 2)
+                self.assertTrue(all(math.isfinite(rows[-1][name]) for name in columns + extra if name in rows[-1]))
+                self.assertEqual({name: report["settings"][name] for name in options}, options)
+
+    def test_gdpo_normalizes_countdowns_correctness_and_format_apart(self):
+        state = online_tokens.setup(advantage="gdpo", **self.small)
+        batch, credit = rollout_with_credit(state)
+        components = TASK_COUNTDOWN.reward_components(batch.prompts, batch.completion_ids, batch.real, batch.truncated)
+        self.assertTrue(torch.equal(batch.reward_components, components))
+        self.assertEqual(components[:, 0].tolist(), TASK_COUNTDOWN.correct(batch.rewards).double().tolist())
+        expected = rl_lab.gdpo_advantages(components.reshape(4, 4, 2)).reshape(-1).to(credit.advantages.dtype)
+        torch.testing.assert_close(credit.advantages, expected, rtol=0, atol=0)
+        self.assertGreater(len(set(components[:, 1].tolist())), 1)  # the format reward varies in this batch
 
     def test_pass_at_k_before_and_after_on_every_test_prompt(self):
         rows, report = online_tokens.train(steps=1, **{**self.small, "eval_samples": 4})
