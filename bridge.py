@@ -740,7 +740,7 @@ def atom_batch(seed):
     return {
         "mask": mask, "lengths": lengths, "advantages": advantages, "rewards": rewards,
         "old_logps": old_logps, "logps": logps, "ref_logps": old_logps + 0.3 * normal(count, length),
-        "sampler_logps": old_logps - 0.6 * uniform(count, length) + 0.2,
+        "sampler_logps": (old_logps - 1.8 * uniform(count, length) + 0.9).clamp(max=-0.01),  # ratios 0.4 to 2.5
         "logits": 2.0 * normal(count, length, 7),
     }
 

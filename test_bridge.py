@@ -198,7 +198,7 @@ class Commands(unittest.TestCase):
         self.assertEqual(failures, [])
         rows = atom_rows(table)
         matched = [cells for cells in rows.values() if cells[6] != "measured"]
-        self.assertGreaterEqual(len(matched), 25)
+        self.assertGreaterEqual(len(matched), 22)
         for cells in matched:
             with self.subTest(atom=cells[0], library=cells[1]):
                 self.assertEqual(cells[2], str(len(bridge.ATOM_SEEDS)))
