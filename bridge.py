@@ -15,7 +15,10 @@ reads every option back and fails on any difference. `conformance` feeds one flo
 log-probs, masks, rewards) to the lab's atoms and to TRL's GRPOTrainer._compute_loss,
 RLOOTrainer._compute_loss, CPOTrainer.cpo_loss and verl's actor loss (verl.workers.utils.losses
 .ppo_loss), and compares the losses and their gradients with respect to the per-token log-probs; it
-also measures each documented convention difference. `e2e` writes library_export.export_trl's script
+also measures each documented convention difference. A third table holds every atom of SPEC section 9
+that TRL or verl implements against the library's own function on ragged float64 batches of several seeds
+(value and gradient); where the function runs only inside a trainer's generation step, the lines of it
+are executed as the library wrote them (`trl_source_block`). `e2e` writes library_export.export_trl's script
 for the default GRPO run, trains it, keeps one step's batch as TRL fed it to its loss and recomputes
 that loss and its parameter gradients with the lab's atoms (float32, to 1e-6). All exit 1 when
 something disagrees.
@@ -702,6 +705,449 @@ def _trl_default_rows(trl, output_dir):
 
 
 # ---------------------------------------------------------------------------------------------
+# The atoms of the second wave (SPEC section 9), each against the library function that computes it
+# ---------------------------------------------------------------------------------------------
+
+ATOM_SEEDS = (0, 1, 2)
+ATOM_PROMPTS, ATOM_GROUP, ATOM_LENGTH = 3, 4, 6
+# "the library adds 1e-8 to token counts" (verl's masked_mean, geo_mean's n_i): a relative 1e-8 at most
+COUNT_EPS_TOLERANCE = 1e-8
+
+
+def atom_batch(seed):
+    """One float64 batch of ATOM_PROMPTS x ATOM_GROUP responses, ragged (1 to ATOM_LENGTH kept tokens, one
+    full row per group), with finite filler at padding: log-probs below 0 (probabilities in (0.05, 0.98),
+    as DPPO's binary KL needs p < 1), per-sequence advantages of both signs with a few exact zeros,
+    rewards on two objectives and logits over a vocabulary of 7."""
+    generator = torch.Generator().manual_seed(100 + seed)
+    count, length = ATOM_PROMPTS * ATOM_GROUP, ATOM_LENGTH
+
+    def uniform(*shape):
+        return torch.rand(*shape, generator=generator, dtype=torch.float64)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    lengths = torch.randint(1, length + 1, (count,), generator=generator)
+    lengths[::ATOM_GROUP] = length
+    mask = (torch.arange(length).expand(count, length) < lengths.unsqueeze(1)).long()  # (N, R)
+    old_logps = -3.0 * uniform(count, length) - 0.02
+    logps = (old_logps + 0.5 * normal(count, length)).clamp(max=-0.02)
+    advantages = normal(count)
+    advantages[[1, 6]] = 0.0
+    rewards = (uniform(count, 2) * 3).floor() / 2  # (N, K=2): 0, 0.5 or 1 on each objective
+    rewards[ATOM_GROUP:2 * ATOM_GROUP, 0] = 1.0  # one group ties on the first objective
+    return {
+        "mask": mask, "lengths": lengths, "advantages": advantages, "rewards": rewards,
+        "old_logps": old_logps, "logps": logps, "ref_logps": old_logps + 0.3 * normal(count, length),
+        "sampler_logps": (old_logps - 1.8 * uniform(count, length) + 0.9).clamp(max=-0.01),  # ratios 0.4 to 2.5
+        "logits": 2.0 * normal(count, length, 7),
+    }
+
+
+def _masked_difference(lab, theirs, kept):
+    """Largest |lab - theirs| on the kept positions (both may hold anything at padding)."""
+    return (lab.double() - theirs.double())[kept].abs().max().item()
+
+
+class AtomRow:
+    """One row of the atom table: `compare(batch, seed)` -> (value difference, gradient difference or None)
+    for one seed; the row keeps the largest over ATOM_SEEDS. `tolerance` None: a measured convention, not
+    a failure."""
+
+    def __init__(self, atom, library, compare, convention="none", tolerance=TOLERANCE):
+        self.atom, self.library, self.compare = atom, library, compare
+        self.convention, self.tolerance = convention, tolerance
+
+    def run(self):
+        values, grads = [], []
+        for seed in ATOM_SEEDS:
+            value, grad = self.compare(atom_batch(seed), seed)
+            values.append(value)
+            grads.append(grad)
+        grad = None if grads[0] is None else max(grads)
+        return {"atom": self.atom, "library": self.library, "seeds": len(ATOM_SEEDS), "value": max(values),
+                "grad": grad, "convention": self.convention, "tolerance": self.tolerance}
+
+
+def _loss_pair(lab, theirs, batch, source="logps"):
+    """(value difference, gradient difference) of two scalar losses of batch[source]."""
+    mine = _loss_and_grad(lab, batch[source])
+    other = _loss_and_grad(theirs, batch[source])
+    return abs(mine[0] - other[0]), (mine[1] - other[1]).abs().max().item()
+
+
+def _token_advantages(batch):
+    return batch["advantages"].unsqueeze(1) * batch["mask"]  # (N,) -> (N, R), as verl's estimators
+
+
+def _verl_loss_row(atom, mode, lab, overrides, verl_configs, convention="none", tolerance=TOLERANCE):
+    """A policy-loss atom against verl's actor loss (ppo_loss, its registered policy_loss.loss_mode)."""
+    _, actor, _ = verl_configs.compose({ACTOR + "loss_agg_mode": "token-mean", ACTOR + "policy_loss.loss_mode": mode,
+                                        **overrides})
+
+    def compare(batch, seed):
+        torch.manual_seed(seed)  # clip_cov draws its tokens from the global generator
+        their = _loss_and_grad(lambda leaf: verl_actor_loss(actor, leaf, batch, _token_advantages(batch),
+                                                            batch["mask"], None), batch["logps"])
+        mine = _loss_and_grad(lambda leaf: lab(leaf, batch, seed), batch["logps"])
+        return abs(mine[0] - their[0]), (mine[1] - their[1]).abs().max().item()
+
+    return AtomRow(atom, f"verl loss_mode={mode} (actor loss)", compare, convention, tolerance)
+
+
+def _p(leaf, batch):
+    """The P arguments of a section-9 token loss."""
+    return leaf, batch["old_logps"], batch["ref_logps"], batch["advantages"], batch["mask"]
+
+
+def verl_loss_rows(verl_configs):
+    import rl_lab
+
+    clip = {ACTOR + "clip_ratio_low": 0.2, ACTOR + "clip_ratio_high": 0.28}
+    cov = {ACTOR + "policy_loss.clip_cov_ratio": 0.2, ACTOR + "policy_loss.clip_cov_lb": 0.02,
+           ACTOR + "policy_loss.clip_cov_ub": 5.0}
+    return [
+        _verl_loss_row("dppo_policy_loss(kind='tv', delta=0.2, delta_high=0.28, cap=3.0)", "dppo_tv",
+                       lambda leaf, batch, seed: rl_lab.dppo_policy_loss(*_p(leaf, batch), kind="tv", delta=0.2,
+                                                                       delta_high=0.28, cap=3.0),
+                       {**clip, ACTOR + "clip_ratio_c": 3.0}, verl_configs),
+        _verl_loss_row("dppo_policy_loss(kind='kl', delta=0.05, delta_high=0.1, cap=3.0)", "dppo_kl",
+                       lambda leaf, batch, seed: rl_lab.dppo_policy_loss(*_p(leaf, batch), kind="kl", delta=0.05,
+                                                                       delta_high=0.1, cap=3.0),
+                       {ACTOR + "clip_ratio_low": 0.05, ACTOR + "clip_ratio_high": 0.1, ACTOR + "clip_ratio_c": 3.0},
+                       verl_configs),
+        _verl_loss_row("gmpo_policy_loss(epsilon=0.2, epsilon_high=0.28)", "geo_mean",
+                       lambda leaf, batch, seed: rl_lab.gmpo_policy_loss(*_p(leaf, batch), epsilon=0.2,
+                                                                       epsilon_high=0.28),
+                       clip, verl_configs, "verl adds 1e-8 to each response's token count (n_i + 1e-8)",
+                       COUNT_EPS_TOLERANCE),
+        _verl_loss_row("clip_cov_policy_loss(fraction=0.2, cov_low=0.02, cov_high=5.0)", "clip_cov",
+                       lambda leaf, batch, seed: rl_lab.clip_cov_policy_loss(
+                           *_p(leaf, batch), epsilon=0.2, epsilon_high=0.28, fraction=0.2, cov_low=0.02,
+                           cov_high=5.0, generator=torch.Generator().manual_seed(seed)),
+                       {**clip, **cov}, verl_configs, "verl draws from torch's global generator (seeded the "
+                       "same here); its means over kept tokens add 1e-8 to the count", COUNT_EPS_TOLERANCE),
+        _verl_loss_row("kl_cov_policy_loss(fraction=0.2, coef=0.1)", "kl_cov",
+                       lambda leaf, batch, seed: rl_lab.kl_cov_policy_loss(*_p(leaf, batch), fraction=0.2, coef=0.1),
+                       {ACTOR + "policy_loss.kl_cov_ratio": 0.2, ACTOR + "policy_loss.ppo_kl_coef": 0.1},
+                       verl_configs),
+        _verl_loss_row("dro_policy_loss(tau=0.5)", "dro",
+                       lambda leaf, batch, seed: rl_lab.dro_policy_loss(*_p(leaf, batch), tau=0.5),
+                       {ACTOR + "policy_loss.dro_beta": 0.5}, verl_configs),
+        _verl_loss_row("gpg_policy_loss()", "gpg",
+                       lambda leaf, batch, seed: rl_lab.gpg_policy_loss(leaf, batch["ref_logps"], batch["advantages"],
+                                                                      batch["mask"]),
+                       {}, verl_configs),
+    ]
+
+
+def _index():
+    """verl's group ids: response i belongs to prompt i // ATOM_GROUP."""
+    import numpy as np
+
+    return np.array([i // ATOM_GROUP for i in range(ATOM_PROMPTS * ATOM_GROUP)])
+
+
+def _outcome_rewards(batch, column=0):
+    """(N, R) token rewards with the response's reward on its last kept token, as verl's reward manager."""
+    rewards = torch.zeros_like(batch["old_logps"])
+    rewards[torch.arange(rewards.shape[0]), batch["lengths"] - 1] = batch["rewards"][:, column]
+    return rewards
+
+
+def _grouped(values):
+    return values.reshape(ATOM_PROMPTS, ATOM_GROUP)
+
+
+BESSEL_FLOAT32 = "float32 Bessel factor n/(n-1) (an integer count divided in torch's default dtype)"
+
+
+def _advantage_row(atom, estimator, lab, config=None, convention="none", tolerance=TOLERANCE, mask_dtype=None):
+    """An advantage atom (B, G) against verl's registered estimator's (N, R) output, on the kept tokens;
+    mask_dtype: the response mask as that dtype (verl's own is int64)."""
+
+    def compare(batch, seed):
+        from verl.trainer.ppo import core_algos
+
+        kept = batch["mask"].bool()
+        mask = batch["mask"] if mask_dtype is None else batch["mask"].to(mask_dtype)
+        theirs, _ = core_algos.get_adv_estimator_fn(estimator)(
+            token_level_rewards=_outcome_rewards(batch), response_mask=mask, index=_index(), config=config)
+        mine = lab(batch).reshape(-1, 1).expand_as(theirs)  # (B, G) -> (N, R): one value on every token
+        return _masked_difference(mine, theirs, kept), None
+
+    return AtomRow(atom, f"verl adv_estimator={estimator}", compare, convention, tolerance)
+
+
+def verl_other_rows(verl_configs):
+    import rl_lab
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+    from verl.utils.torch_functional import entropy_from_logits
+
+    _, _, algorithm = verl_configs.compose({"algorithm.gamma": 0.9})
+    _, _, algorithm_default = verl_configs.compose({})
+    def baseline(batch):
+        return rl_lab.reinforce_pp_baseline_advantages(_grouped(batch["rewards"][:, 0]), _grouped(batch["lengths"]))
+
+    rows = [
+        _advantage_row("reinforce_pp_baseline_advantages(lengths=L)", "reinforce_plus_plus_baseline", baseline,
+                       convention="float64 mask: verl whitens over tokens with 1e-8 added to the counts (masked_mean)",
+                       tolerance=COUNT_EPS_TOLERANCE, mask_dtype=torch.float64),
+        _advantage_row("reinforce_pp_baseline_advantages(lengths=L)", "reinforce_plus_plus_baseline", baseline,
+                       convention=f"int64 mask (verl's own): masked_var's {BESSEL_FLOAT32}", tolerance=None),
+        _advantage_row("opo_advantages(lengths=L)", "opo",
+                       lambda batch: rl_lab.opo_advantages(_grouped(batch["rewards"][:, 0]), _grouped(batch["lengths"]))),
+        _advantage_row("passk_advantages(epsilon=1e-6)", "grpo_passk",
+                       lambda batch: rl_lab.passk_advantages(_grouped(batch["rewards"][:, 0])), config=algorithm_default),
+        _advantage_row("gpg_advantages(alpha_count='reward')", "gpg",
+                       lambda batch: rl_lab.gpg_advantages(_grouped(batch["rewards"][:, 0])),
+                       convention="verl's alpha = N / #(R != 0) divides integers: float32", tolerance=None),
+    ]
+
+    for dtype, convention, tolerance in (
+            (torch.float64, "float64 mask: verl whitens with 1e-8 added to the counts (masked_mean)",
+             COUNT_EPS_TOLERANCE),
+            (torch.int64, f"int64 mask (verl's own): masked_var's {BESSEL_FLOAT32}", None)):
+        def reinforce_pp(batch, seed, dtype=dtype):
+            kept = batch["mask"].bool()
+            token_rewards = _outcome_rewards(batch) + 0.1 * batch["ref_logps"] * batch["mask"]  # a reward every token
+            mine, mine_returns = rl_lab.reinforce_pp_advantages(token_rewards, batch["mask"], gamma=0.9)
+            theirs, their_returns = core_algos.compute_reinforce_plus_plus_outcome_advantage(
+                token_rewards, batch["mask"].to(dtype), config=algorithm)
+            return max(_masked_difference(mine, theirs, kept),
+                       _masked_difference(mine_returns, their_returns, kept)), None
+
+        rows.append(AtomRow("reinforce_pp_advantages(gamma=0.9)",
+                            "verl adv_estimator=reinforce_plus_plus (and returns)", reinforce_pp, convention,
+                            tolerance))
+    rows.append(AtomRow("gdpo_advantages(reward_weights=(1, 0.5))", "verl adv_estimator=gdpo (2 reward keys)",
+                        _gdpo_verl, "verl: eps 1e-6 (the lab's, TRL's 1e-4), its second stage whitens over tokens "
+                        "(length-weighted), its rewards float32", None))
+
+    for kind in ("k3+", "k1+"):
+        def straight_through(batch, seed, kind=kind):
+            kept = batch["mask"].bool()
+
+            def lab(leaf):
+                return rl_lab.kl_straight_through(leaf, batch["ref_logps"], kind)
+
+            def theirs(leaf):
+                return core_algos.kl_penalty(leaf, batch["ref_logps"], kind)
+
+            difference = _masked_difference(lab(batch["logps"]), theirs(batch["logps"]), kept)
+            _, grad = _loss_pair(lambda leaf: (lab(leaf) * batch["mask"]).sum(),
+                                 lambda leaf: (theirs(leaf) * batch["mask"]).sum(), batch)
+            return difference, grad
+
+        rows.append(AtomRow(f"kl_straight_through(kind='{kind}')", f"verl kl_penalty('{kind}') (kl_loss_type)",
+                            straight_through))
+
+    def entropy(batch, seed):
+        kept = batch["mask"].bool()
+        difference = _masked_difference(rl_lab.token_entropy(batch["logits"]), entropy_from_logits(batch["logits"]),
+                                        kept)
+        _, grad = _loss_pair(lambda leaf: (rl_lab.token_entropy(leaf) * batch["mask"]).sum(),
+                             lambda leaf: (entropy_from_logits(leaf) * batch["mask"]).sum(), batch, "logits")
+        return difference, grad
+
+    rows.append(AtomRow("token_entropy(logits)", "verl entropy_from_logits", entropy,
+                        "verl: logsumexp - sum p*logits (the lab: -sum p*log p), float64 rounding"))
+
+    for level, threshold, low, high, mode in (("token", 2.0, None, 2.0, "truncate"),
+                                              ("sequence", 2.0, None, 2.0, "truncate"),
+                                              ("token", "0.5_2.0", 0.5, 2.0, "mask"),
+                                              ("sequence", "0.5_2.0", 0.5, 2.0, "mask")):
+        def rollout(batch, seed, level=level, threshold=threshold, low=low, high=high, mode=mode):
+            kept = batch["mask"].bool()
+            mine = rl_lab.rollout_correction_weights(batch["old_logps"], batch["sampler_logps"], batch["mask"],
+                                                     level=level, mode=mode, low=low, high=high)
+            with _quiet():
+                theirs, _ = compute_rollout_correction_weights(batch["old_logps"] - batch["sampler_logps"],
+                                                               batch["mask"], rollout_is=level,
+                                                               rollout_is_threshold=threshold)
+            return _masked_difference(mine, theirs, kept), None
+
+        rows.append(AtomRow(f"rollout_correction_weights(level='{level}', mode='{mode}', low={low}, high={high})",
+                            f"verl compute_rollout_correction_weights(rollout_is='{level}', threshold={threshold!r})",
+                            rollout, "verl clamps the log-ratio at +-20 (not reached here)"))
+    return rows
+
+
+GDPO_WEIGHTS = (1.0, 0.5)
+
+
+def _gdpo_verl(batch, seed):
+    """verl's GDPO (two reward keys, weights GDPO_WEIGHTS) against the lab's gdpo_advantages: the size of
+    the convention difference (eps 1e-6 vs 1e-4, token-weighted second stage, float32 rewards)."""
+    import rl_lab
+    from verl.trainer.ppo import core_algos
+
+    count = ATOM_PROMPTS * ATOM_GROUP
+    config = {"gdpo_reward_keys": ["first", "second"], "gdpo_reward_weights": list(GDPO_WEIGHTS),
+              "norm_adv_by_std_in_grpo": True}
+    non_tensor = {"first": batch["rewards"][:, 0].numpy(), "second": batch["rewards"][:, 1].numpy()}
+    layout = {"prompts": torch.zeros(count, 1, dtype=torch.long),
+              "attention_mask": torch.cat([torch.ones(count, 1, dtype=torch.long), batch["mask"]], dim=1)}
+    theirs, _ = core_algos.compute_gdpo_outcome_advantage(
+        _outcome_rewards(batch), batch["mask"], _index(), config=config, non_tensor_batch=non_tensor, batch=layout)
+    mine = rl_lab.gdpo_advantages(batch["rewards"].reshape(ATOM_PROMPTS, ATOM_GROUP, 2),
+                                  torch.tensor(GDPO_WEIGHTS, dtype=torch.float64))
+    return _masked_difference(mine.reshape(-1, 1).expand_as(theirs), theirs, batch["mask"].bool()), None
+
+
+def trl_source_block(method, start, end):
+    """The lines of TRL's `method` strictly between the first line whose text is `start` and the next one
+    whose text is `end` (both stripped), dedented: library code that runs only inside a trainer's
+    generation step, executed as TRL wrote it on given tensors."""
+    import inspect
+    import textwrap
+
+    lines = inspect.getsource(method).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip() == start)
+    last = next(i for i in range(first + 1, len(lines)) if lines[i].strip() == end)
+    return textwrap.dedent("\n".join(lines[first + 1:last]))
+
+
+def _trl_is_weights(batch, mode, low, high):
+    """TRL's importance-sampling weights of the vLLM sampler (_generate_and_score_completions, the block
+    under `if self.use_vllm and self.vllm_importance_sampling_correction:`), run on the batch."""
+    import types
+
+    import trl
+
+    code = trl_source_block(trl.GRPOTrainer._generate_and_score_completions,
+                            "if self.use_vllm and self.vllm_importance_sampling_correction:",
+                            "# Compute the per-token log probabilities for the reference model")
+    trainer = types.SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=low,
+                                    vllm_importance_sampling_clip_max=high)
+    scope = {"self": trainer, "torch": torch, "math": math, "completion_mask": batch["mask"], "tool_mask": None,
+             "old_per_token_logps": batch["old_logps"], "sampling_per_token_logps": batch["sampler_logps"]}
+    exec(compile(code, "trl/trainer/grpo_trainer.py", "exec"), scope)  # noqa: S102: the installed library's code
+    return scope["vllm_importance_sampling_ratio"]
+
+
+def _trl_gdpo(batch, weights):
+    """TRL's multi_objective_aggregation="normalize_then_sum" advantages (_generate_and_score_completions)."""
+    import types
+
+    import trl
+    from trl.trainer.utils import nanstd
+
+    code = trl_source_block(trl.GRPOTrainer._generate_and_score_completions,
+                            'elif self.multi_objective_aggregation == "normalize_then_sum":', "else:")
+    count, objectives = batch["rewards"].shape
+    trainer = types.SimpleNamespace(reward_funcs=[None] * objectives,
+                                    reward_weights=torch.tensor(weights, dtype=torch.float64))
+    scope = {"self": trainer, "torch": torch, "nanstd": nanstd, "device": "cpu", "num_generations": ATOM_GROUP,
+             "rewards_per_func": batch["rewards"], "unscorable_mask": torch.zeros(count, dtype=torch.bool)}
+    exec(compile(code, "trl/trainer/grpo_trainer.py", "exec"), scope)  # noqa: S102: the installed library's code
+    return scope["advantages"]
+
+
+def trl_rows(output_dir):
+    import rl_lab
+    import trl
+
+    def grpo_config(**options):
+        return trl_config({"config": "GRPOConfig", "options": options}, output_dir)
+
+    def loss_row(atom, lab, options, convention="none"):
+        config = grpo_config(**options)
+
+        def compare(batch, seed):
+            return _loss_pair(lambda leaf: lab(leaf, batch),
+                              lambda leaf: trl_group_loss(config, leaf, batch, batch["advantages"], batch["mask"],
+                                                          None), batch)
+
+        shown = ", ".join(f"{key}={value!r}" for key, value in options.items())
+        return AtomRow(atom, f"TRL GRPOTrainer._compute_loss ({shown})", compare, convention)
+
+    def ratio_weighted_k3(leaf, batch):
+        advantages = batch["advantages"].unsqueeze(1).expand_as(leaf)
+        per_token = rl_lab.clipped_policy_loss(leaf, batch["old_logps"], advantages, 0.2) + 0.04 * \
+            rl_lab.kl_k3_is_corrected(leaf, batch["old_logps"], batch["ref_logps"])
+        return rl_lab.reduce_token_loss(per_token, batch["mask"], "sequence")
+
+    rows = [
+        loss_row("vespo_policy_loss() (k 2/3, lambda 3/2)", lambda leaf, batch: rl_lab.vespo_policy_loss(*_p(leaf, batch)),
+                 {"loss_type": "vespo", "beta": 0.0}),
+        loss_row("luspo_policy_loss(epsilon=3e-4, epsilon_high=4e-4)",
+                 lambda leaf, batch: rl_lab.luspo_policy_loss(*_p(leaf, batch)),
+                 {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": 3e-4,
+                  "epsilon_high": 4e-4, "beta": 0.0}),
+        loss_row("clipped_policy_loss + 0.04 * kl_k3_is_corrected, sequence mean", ratio_weighted_k3,
+                 {"loss_type": "grpo", "beta": 0.04, "use_bias_correction_kl": True}),
+    ]
+
+    def off_policy(batch, seed):
+        mine = rl_lab.off_policy_sequence_mask(batch["logps"], batch["sampler_logps"], batch["advantages"],
+                                               batch["mask"], threshold=0.05)
+        theirs = trl.GRPOTrainer.get_off_policy_mask(batch["advantages"].unsqueeze(1), batch["logps"],
+                                                     batch["sampler_logps"], batch["mask"], 0.05)
+        return (mine.double() - theirs[:, 0].double()).abs().max().item(), None
+
+    rows.append(AtomRow("off_policy_sequence_mask(threshold=0.05)", "TRL GRPOTrainer.get_off_policy_mask",
+                        off_policy))
+
+    for level, mode, low, high in (("token", "truncate", None, 2.0), ("sequence", "truncate", 0.5, 3.0),
+                                   ("token", "mask", 0.5, 2.0), ("sequence", "mask", None, 3.0)):
+        def weights(batch, seed, level=level, mode=mode, low=low, high=high):
+            mine = rl_lab.rollout_correction_weights(batch["old_logps"], batch["sampler_logps"], batch["mask"],
+                                                     level=level, mode=mode, low=low, high=high)
+            theirs = _trl_is_weights(batch, f"{level}_{mode}", low, high).expand_as(mine)
+            return _masked_difference(mine, theirs, batch["mask"].bool()), None
+
+        rows.append(AtomRow(f"rollout_correction_weights(level='{level}', mode='{mode}', low={low}, high={high})",
+                            f"TRL vllm_importance_sampling_mode='{level}_{mode}' (its block of "
+                            "_generate_and_score_completions, run on the batch)", weights))
+
+    def gdpo(batch, seed):
+        mine = rl_lab.gdpo_advantages(batch["rewards"].reshape(ATOM_PROMPTS, ATOM_GROUP, 2),
+                                      torch.tensor(GDPO_WEIGHTS, dtype=torch.float64))
+        return (mine.reshape(-1) - _trl_gdpo(batch, GDPO_WEIGHTS)).abs().max().item(), None
+
+    rows.append(AtomRow("gdpo_advantages(reward_weights=(1, 0.5))", "TRL multi_objective_aggregation="
+                        "'normalize_then_sum' (its block of _generate_and_score_completions, run on the batch)", gdpo,
+                        f"TRL's nanstd: a {BESSEL_FLOAT32}", None))
+
+    for quantile in (0.2, 0.5, 0.0):
+        def entropy_mask(batch, seed, quantile=quantile):
+            trainer = _trl_trainer(trl.GRPOTrainer, grpo_config(top_entropy_quantile=quantile))
+            entropies = rl_lab.token_entropy(batch["logits"])
+            mine = rl_lab.high_entropy_token_mask(entropies, batch["mask"], top_quantile=quantile)
+            theirs = trainer.get_high_entropy_mask(entropies, batch["mask"], 1 - quantile)
+            return float((mine != theirs).sum()), None
+
+        rows.append(AtomRow(f"high_entropy_token_mask(top_quantile={quantile})",
+                            "TRL GRPOTrainer.get_high_entropy_mask", entropy_mask,
+                            "TRL takes the quantile in float32 (value: tokens whose mask differs)", None))
+    return rows
+
+
+def atom_rows(verl_configs, output_dir):
+    """Every section-9 atom a library implements, against that library's own function, over ATOM_SEEDS."""
+    return [row.run() for row in verl_loss_rows(verl_configs) + verl_other_rows(verl_configs) + trl_rows(output_dir)]
+
+
+def atom_table(rows):
+    lines = ["| lab atom | library code | seeds | max abs diff, value | max abs diff, gradient | convention | "
+             "tolerance |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        grad = "-" if row["grad"] is None else f"{row['grad']:.1e}"
+        tolerance = "measured" if row["tolerance"] is None else f"{row['tolerance']:.0e}"
+        lines.append(f"| {row['atom']} | {row['library']} | {row['seeds']} | {row['value']:.1e} | {grad} | "
+                     f"{row['convention']} | {tolerance} |")
+    return "\n".join(lines) + "\n"
+
+
+def atom_failures(rows):
+    return [row for row in rows if row["tolerance"] is not None
+            and max(row["value"], row["grad"] or 0.0) > row["tolerance"]]
+
+
+# ---------------------------------------------------------------------------------------------
 # The Markdown table README holds
 # ---------------------------------------------------------------------------------------------
 
@@ -735,11 +1181,14 @@ def run_conformance():
         with tempfile.TemporaryDirectory() as output_dir:
             rows = conformance_rows(verl_configs, output_dir)
             conventions = convention_rows(verl_configs, output_dir)
+            atoms = atom_rows(verl_configs, output_dir)
     finally:
         verl_configs.close()
     failures = [row for row in rows if row["note"].startswith("matched")
                 and max(row["loss_difference"], row["grad_difference"]) > tolerance_of(row)]
-    return conformance_table(rows, conventions), failures
+    failures += [{"setting": row["atom"], "library": row["library"], "loss_difference": row["value"],
+                  "grad_difference": row["grad"] or 0.0} for row in atom_failures(atoms)]
+    return conformance_table(rows, conventions) + "\n" + atom_table(atoms), failures
 
 
 # ---------------------------------------------------------------------------------------------

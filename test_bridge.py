@@ -80,9 +80,9 @@ class Shared:
 
 
 def table_rows(table):
-    """The conformance table's rows as lists of cells, both parts, without the header lines."""
+    """The conformance table's rows as lists of cells, its first two parts, without the header lines."""
     rows = []
-    for line in table.splitlines():
+    for line in table.split("\n| lab atom")[0].splitlines():
         if line.startswith("|") and not line.startswith("|---") and not line.startswith("| lab setting") \
                 and not line.startswith("| convention difference"):
             rows.append([cell.strip() for cell in line.strip("|").split("|")])
@@ -95,6 +95,15 @@ def convention(table, start):
         if cells[0].startswith(start):
             return cells[2]
     raise AssertionError(f"no convention row starting {start!r}")
+
+
+def atom_rows(table):
+    """The third table (the section-9 atoms) as {(atom, library): cells}, cells as in the table."""
+    rows = {}
+    for line in table.split("\n| lab atom")[1].splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = cells
+    return rows
 
 
 class Commands(unittest.TestCase):
@@ -162,6 +171,90 @@ class Commands(unittest.TestCase):
         # the difference columns hold float64 rounding (1e-17), which another CPU may round otherwise
         self.assertEqual([cells[:4] + cells[6:] if len(cells) == 7 else cells for cells in shown],
                          [cells[:4] + cells[6:] if len(cells) == 7 else cells for cells in printed])
+
+    def test_the_committed_atom_table_is_the_one_the_command_prints(self):
+        table, _ = Shared.get().conformance
+        with open(os.path.join(HERE, "results-bridge", "conformance.md"), encoding="utf-8") as handle:
+            committed = atom_rows(handle.read())
+        printed = atom_rows(table)
+        self.assertEqual(committed.keys(), printed.keys())
+        for key, cells in printed.items():  # all but the two difference columns (float64 rounding)
+            self.assertEqual(committed[key][:3] + committed[key][5:], cells[:3] + cells[5:])
+
+    def test_every_library_backed_atom_of_section_9_has_a_row(self):
+        table, _ = Shared.get().conformance
+        atoms = {key[0].split("(")[0].split(" ")[0] for key in atom_rows(table)}
+        self.assertEqual(atoms, {
+            "dppo_policy_loss", "gmpo_policy_loss", "clip_cov_policy_loss", "kl_cov_policy_loss", "dro_policy_loss",
+            "gpg_policy_loss", "reinforce_pp_baseline_advantages", "reinforce_pp_advantages", "opo_advantages",
+            "passk_advantages", "gpg_advantages", "gdpo_advantages", "kl_straight_through", "token_entropy",
+            "rollout_correction_weights", "vespo_policy_loss", "luspo_policy_loss", "clipped_policy_loss",
+            "off_policy_sequence_mask", "high_entropy_token_mask"})
+        libraries = {key[1].split(" ")[0] for key in atom_rows(table)}
+        self.assertEqual(libraries, {"TRL", "verl"})
+
+    def test_atom_rows_match_to_their_tolerance(self):
+        table, failures = Shared.get().conformance
+        self.assertEqual(failures, [])
+        rows = atom_rows(table)
+        matched = [cells for cells in rows.values() if cells[6] != "measured"]
+        self.assertGreaterEqual(len(matched), 22)
+        for cells in matched:
+            with self.subTest(atom=cells[0], library=cells[1]):
+                self.assertEqual(cells[2], str(len(bridge.ATOM_SEEDS)))
+                tolerance = float(cells[6])
+                self.assertLessEqual(tolerance, 1e-8)
+                self.assertLessEqual(float(cells[3]), tolerance)
+                if cells[4] != "-":
+                    self.assertLessEqual(float(cells[4]), tolerance)
+                if cells[5] == "none":
+                    self.assertEqual(tolerance, bridge.TOLERANCE)
+        losses = [cells for cells in matched if cells[0].split("(")[0].endswith("policy_loss")]
+        self.assertTrue(all(cells[4] != "-" for cells in losses))  # every loss compares its gradient
+
+    def test_atom_batches_are_ragged_and_make_the_masks_bind(self):
+        import rl_lab
+
+        for seed in bridge.ATOM_SEEDS:
+            batch = bridge.atom_batch(seed)
+            with self.subTest(seed=seed):
+                self.assertGreater(len(set(batch["lengths"].tolist())), 2)
+                self.assertTrue(bool((batch["logps"] < 0).all()))
+                kept = batch["mask"].bool()
+                dropped = rl_lab.off_policy_sequence_mask(batch["logps"], batch["sampler_logps"], batch["advantages"],
+                                                          batch["mask"], threshold=0.05)
+                self.assertLess(int(dropped.sum()), len(dropped))  # some sequence is dropped
+                weights = rl_lab.rollout_correction_weights(batch["old_logps"], batch["sampler_logps"],
+                                                            batch["mask"], mode="mask", low=0.5, high=2.0)
+                self.assertTrue(bool((weights[kept] == 0).any()) and bool((weights[kept] > 0).any()))
+
+    def test_measured_atom_conventions_have_their_sizes(self):
+        table, _ = Shared.get().conformance
+        rows = atom_rows(table)
+        measured = {key: float(cells[3]) for key, cells in rows.items() if cells[6] == "measured"}
+        self.assertEqual(len(measured), 8)
+        for (atom, library), size in measured.items():
+            with self.subTest(atom=atom, library=library):
+                if atom.startswith("high_entropy_token_mask"):
+                    self.assertEqual(size, 0.0)  # float32 quantile: no token flips on these batches
+                elif library.startswith("verl adv_estimator=gdpo"):
+                    self.assertGreater(size, 0.1)  # another formula (eps, token weights), not rounding
+                else:  # a float32 Bessel factor or alpha: float32 rounding, relative 6e-8 at most
+                    self.assertGreater(size, 1e-9)
+                    self.assertLess(size, 1e-6)
+
+    def test_trl_source_block_runs_the_installed_lines(self):
+        import trl
+
+        code = bridge.trl_source_block(trl.GRPOTrainer._generate_and_score_completions,
+                                       "if self.use_vllm and self.vllm_importance_sampling_correction:",
+                                       "# Compute the per-token log probabilities for the reference model")
+        self.assertIn("vllm_importance_sampling_ratio = torch.exp(logps_diff)", code)
+        self.assertFalse(code.startswith(" "))
+        batch = bridge.atom_batch(0)
+        weights = bridge._trl_is_weights(batch, "token_truncate", None, 2.0)
+        expected = torch.exp((batch["old_logps"] - batch["sampler_logps"]) * batch["mask"]).clamp(max=2.0)
+        self.assertTrue(torch.equal(weights, expected))
 
     def test_bad_flags_exit_2_with_one_line(self):
         for argv in ([], ["verify"], ["check", "--fast"]):
