@@ -464,6 +464,120 @@ def _objectives_05(advantage):
             "sapo": sapo}
 
 
+# The second-wave trust regions (docs/algorithms/trust-regions.md, sequence-weighted.md): one token, or one
+# one-token response, at a time, so that every weight is read off the atom by autograd.
+DPPO_OLD_PROBABILITIES_05 = [0.01, 0.5, 0.99]  # a rare, an even and a likely sampled token: q = pi_old
+# p = pi, 0.0005 .. 0.9995: no edge of a region (a round number) falls on a grid point
+DPPO_PROBABILITIES_05 = [(k - 0.5) / 1000 for k in range(1, 1001)]
+DPPO_DELTA_05 = 0.2  # the atom's default delta = delta_high (verl's clip_ratio_low / clip_ratio_high)
+DPPO_CAP_05 = 3.0  # the atom's default cap on the detached ratio (verl's clip_ratio_c)
+GMPO_EPSILON_05 = 0.4  # the paper's log-space clip (the atom's default)
+GMPO_LOG_RATIOS_05 = [round(-1.0 + 0.01 * k, 2) for k in range(201)]  # -1 .. 1 nats
+SEQUENCE_WEIGHTS_05 = [10 ** (-2 + k / 50) for k in range(201)]  # w = pi(y) / pi_old(y), 0.01 .. 100
+VESPO_SHAPES_05 = {"positive": (2.0, 3.0), "negative": (3.0, 2.0)}  # (k, lambda): the atom's (TRL's) defaults
+
+
+def _token_weight(loss_of, logp_values, advantage):
+    """-d loss / d logp over A at each of `logp_values` (one token each, a tensor (P,) of log-probs), by
+    autograd through `loss_of(logp (P, 1))`, which must sum the tokens' own losses."""
+    with torch.enable_grad():
+        logp = logp_values.clone().unsqueeze(1).requires_grad_(True)  # (P,) -> (P, 1)
+        (gradient,) = torch.autograd.grad(loss_of(logp), logp)
+    return -gradient[:, 0] / advantage + 0.0  # + 0.0: a dropped -0.0 reads as 0.0
+
+
+def _kept_intervals(grid, weights, lower, upper):
+    """[[low, high], ...]: the intervals of `grid` (increasing, within [lower, upper]) where the gradient
+    weight is not 0, each edge halfway between a kept and a dropped grid point (lower or upper at the ends),
+    so an edge is known to half a grid step."""
+    runs, start = [], None
+    for index, weight in enumerate(list(weights) + [0.0]):
+        if weight != 0.0 and start is None:
+            start = index
+        elif weight == 0.0 and start is not None:
+            low = lower if start == 0 else (grid[start - 1] + grid[start]) / 2
+            high = upper if index == len(grid) else (grid[index - 1] + grid[index]) / 2
+            runs.append([low, high])
+            start = None
+    return runs
+
+
+def _dppo_regions_05():
+    """{sign: {q: {method: [[first p, last p], ...]}}}: where each loss still passes a
+    gradient for one token of old probability q, against its new probability p. PPO's ratio clip
+    (epsilon = delta) beside DPPO's two trust regions; every token is its own position of one batch."""
+    probabilities = torch.tensor(DPPO_PROBABILITIES_05, dtype=rl_lab.DTYPE)
+    count = len(DPPO_PROBABILITIES_05)
+    mask = torch.ones(count, 1, dtype=torch.long)
+    regions = {}
+    for sign, advantage in (("positive", 1.0), ("negative", -1.0)):
+        advantages = torch.full((count,), advantage, dtype=rl_lab.DTYPE)  # (P,)
+        regions[sign] = {}
+        for q in DPPO_OLD_PROBABILITIES_05:
+            old = torch.full((count, 1), math.log(q), dtype=rl_lab.DTYPE)  # (P, 1)
+            losses = {
+                "ppo_clip": lambda lp: rl_lab.clipped_policy_loss(lp, old, advantages.unsqueeze(1),
+                                                                  DPPO_DELTA_05).sum(),
+                # the token mean over P one-token positions: times P gives each token's own loss
+                **{f"dppo_{kind}": lambda lp, kind=kind: count * rl_lab.dppo_policy_loss(
+                    lp, old, old, advantages, mask, kind=kind, delta=DPPO_DELTA_05, cap=DPPO_CAP_05)
+                   for kind in ("tv", "kl")},
+            }
+            regions[sign][str(q)] = {}
+            for name, loss_of in losses.items():
+                weight = _token_weight(loss_of, probabilities.log(), advantage)
+                regions[sign][str(q)][name] = _kept_intervals(DPPO_PROBABILITIES_05, weight.tolist(), 0.0, 1.0)
+    return regions
+
+
+def _gmpo_clip_05():
+    """{sign: {method: {"log_ratio_seen", "weight"}}} against GMPO_LOG_RATIOS_05 for a one-token response:
+    the log of the ratio each objective multiplies A by (GMPO's exp of its clipped mean log-ratio; PPO's
+    pessimistic clipped ratio, epsilon 0.2) and the gradient weight -d loss / d logp over A."""
+    log_ratios = torch.tensor(GMPO_LOG_RATIOS_05, dtype=rl_lab.DTYPE)
+    count = len(GMPO_LOG_RATIOS_05)
+    old = torch.zeros(count, 1, dtype=rl_lab.DTYPE)
+    mask = torch.ones(count, 1, dtype=torch.long)
+    clip = {}
+    for sign, advantage in (("positive", 1.0), ("negative", -1.0)):
+        advantages = torch.full((count,), advantage, dtype=rl_lab.DTYPE)
+        ppo = lambda lp: rl_lab.clipped_policy_loss(lp, old, advantages.unsqueeze(1), CLIP_EPSILON_05)[:, 0]
+        # GMPO averages over responses: times N gives each one-token response its own -A s_i
+        gmpo = lambda lp: count * rl_lab.gmpo_policy_loss(lp, old, old, advantages, mask, GMPO_EPSILON_05)
+        seen_ppo = (ppo(log_ratios.unsqueeze(1)) / -advantage).log()
+        # one call per response: the value of each response's own term
+        seen_gmpo = [math.log(float(rl_lab.gmpo_policy_loss(log_ratios[i:i + 1].unsqueeze(1), old[:1], old[:1],
+                                                            advantages[:1], mask[:1], GMPO_EPSILON_05)) / -advantage)
+                     for i in range(count)]
+        clip[sign] = {
+            "ppo_clip": {"log_ratio_seen": seen_ppo, "weight": _token_weight(lambda lp: ppo(lp).sum(), log_ratios,
+                                                                             advantage)},
+            "gmpo": {"log_ratio_seen": seen_gmpo, "weight": _token_weight(gmpo, log_ratios, advantage)},
+        }
+    return clip
+
+
+def _sequence_weights_05():
+    """{sign: {method: (W,)}}: the weight VESPO and TOPR put on A * grad log pi of a response against its
+    sequence ratio w (SEQUENCE_WEIGHTS_05), read off each atom by autograd on one-token responses (so the
+    token mean over the batch, times W, is each response's own loss); "importance" is w itself."""
+    ratios = torch.tensor(SEQUENCE_WEIGHTS_05, dtype=rl_lab.DTYPE)
+    count = len(SEQUENCE_WEIGHTS_05)
+    old = torch.zeros(count, 1, dtype=rl_lab.DTYPE)
+    mask = torch.ones(count, 1, dtype=torch.long)
+    weights = {}
+    for sign, advantage in (("positive", 1.0), ("negative", -1.0)):
+        advantages = torch.full((count,), advantage, dtype=rl_lab.DTYPE)
+        k, lam = VESPO_SHAPES_05[sign]
+        vespo = lambda lp: count * rl_lab.vespo_policy_loss(lp, old, old, advantages, mask, *VESPO_SHAPES_05["positive"],
+                                                            *VESPO_SHAPES_05["negative"])
+        topr = lambda lp: count * rl_lab.topr_policy_loss(lp, old, old, advantages, mask, reduction="token")
+        weights[sign] = {"vespo": _token_weight(vespo, ratios.log(), advantage),
+                         "topr": _token_weight(topr, ratios.log(), advantage),
+                         "importance": ratios, "vespo_k": k, "vespo_lambda": lam}
+    return weights
+
+
 def chapter_05():
     signs = {"positive": 1.0, "negative": -1.0}
     log_ratios = torch.tensor([GSPO_LOG_RATIOS_05], dtype=rl_lab.DTYPE)  # (1, R)
@@ -488,6 +602,10 @@ def chapter_05():
             "largest_token_ratio": kept.exp().max(),
         },
         "ppo_rows": ppo_rows,
+        "dppo": {"old_probabilities": DPPO_OLD_PROBABILITIES_05, "probabilities": DPPO_PROBABILITIES_05,
+                 "delta": DPPO_DELTA_05, "cap": DPPO_CAP_05, "region": _dppo_regions_05()},
+        "gmpo": {"epsilon": GMPO_EPSILON_05, "log_ratios": GMPO_LOG_RATIOS_05, "clip": _gmpo_clip_05()},
+        "sequence_weights": {"ratios": SEQUENCE_WEIGHTS_05, "weight": _sequence_weights_05()},
     }
 
 

@@ -9,6 +9,8 @@ point.
 
 from __future__ import annotations
 
+import math
+
 from matplotlib.figure import Figure
 
 from plot_results import figure_bytes
@@ -280,6 +282,106 @@ def draw_sapo_gate(report):
     return figure
 
 
+DPPO_METHODS = (("ppo_clip", "ratio clip (PPO)", "tab:gray"), ("dppo_tv", "DPPO, TV", "tab:blue"),
+                ("dppo_kl", "DPPO, binary KL", "tab:green"))
+
+
+def _label_edge(axis, sign, intervals, y):
+    """Write the p where the gradient stops beside a bar (none where the region reaches 0 or 1)."""
+    low, high = intervals[0][0], intervals[-1][1]
+    if sign == "positive" and high < 1.0:
+        axis.text(high + 0.01, y, f"p <= {high:g}", va="center", ha="left", fontsize=7)
+    elif sign == "negative" and low > 0.0:
+        inside = low < 0.15  # no room on the left: write it on the bar
+        axis.text(low + 0.01 if inside else low - 0.01, y, f"p >= {low:g}", va="center",
+                  ha="left" if inside else "right", fontsize=7, color="white" if inside else "black")
+
+
+def draw_dppo_region(report):
+    """Chapter 5 (the trust-regions page): where one token still passes a gradient against its new
+    probability p, for a few old probabilities q: PPO's ratio clip beside DPPO's TV and KL regions."""
+    dppo = report["dppo"]
+    olds = dppo["old_probabilities"]
+    figure, axes = _figure(11.0, 4.6, 1, 2, sharey=True)
+    for axis, (sign, label) in zip(axes[0], (("positive", "A > 0"), ("negative", "A < 0"))):
+        ticks, names = [], []
+        for group, q in enumerate(olds):
+            for row, (method, name, color) in enumerate(DPPO_METHODS):
+                y = group * (len(DPPO_METHODS) + 1) + row
+                spans = [(low, high - low) for low, high in dppo["region"][sign][str(q)][method]]
+                axis.broken_barh(spans, (y - 0.35, 0.7), color=color, label=name if group == 0 else None)
+                _label_edge(axis, sign, dppo["region"][sign][str(q)][method], y)
+                axis.plot([q, q], [y - 0.45, y + 0.45], color="black", linewidth=1.4,
+                          label="old probability q" if group == 0 and row == 0 else None)
+                ticks.append(y)
+                names.append(f"q = {q:g}: {name}")
+        axis.set_yticks(ticks, names, fontsize=8)
+        axis.set_xlim(0.0, 1.0)
+        axis.set_xlabel("new probability p = pi(token) (coloured: the gradient is kept)")
+        axis.set_title(f"{label}: the push {'up' if sign == 'positive' else 'down'} stops at the bar's "
+                       f"{'right' if sign == 'positive' else 'left'} end", fontsize=10)
+        axis.grid(True, axis="x", alpha=0.3)
+    axes[0][0].invert_yaxis()  # once: the axes share y; the rare token's rows on top
+    _legend_below(figure, [axes[0][0]], columns=4)
+    figure.suptitle(f"A ratio clip lets a rare token (q = {olds[0]:g}) move only {dppo['delta']:g} x q; "
+                    f"DPPO bounds the change of p itself (delta = {dppo['delta']:g})")
+    return figure
+
+
+def draw_gmpo_clip(report):
+    """Chapter 5 (the trust-regions page): the log of the ratio each objective multiplies A by, against a
+    one-token response's log-ratio: GMPO's log-space clip beside PPO's ratio clip."""
+    gmpo = report["gmpo"]
+    eps, ppo_eps = gmpo["epsilon"], report["clip_epsilon"]
+    figure, axes = _figure(10.5, 4.2, 1, 2, sharey=True)
+    for axis, (sign, label) in zip(axes[0], (("positive", "A > 0"), ("negative", "A < 0"))):
+        data = gmpo["clip"][sign]
+        axis.plot(gmpo["log_ratios"], gmpo["log_ratios"], color=GREY, linestyle="--", label="no clip")
+        axis.plot(gmpo["log_ratios"], data["ppo_clip"]["log_ratio_seen"], color="tab:gray", linewidth=2.2,
+                  label=f"PPO clip, ratio in [{1 - ppo_eps:g}, {1 + ppo_eps:g}]")
+        axis.plot(gmpo["log_ratios"], data["gmpo"]["log_ratio_seen"], color="tab:blue", linewidth=1.6,
+                  label=f"GMPO, log-ratio in [-{eps:g}, {eps:g}]")
+        axis.set_xlim(-1.0, 1.0)
+        axis.set_ylim(-1.0, 1.0)
+        axis.set_xlabel("log-ratio log pi - log pi_old of a one-token response (nats)")
+        axis.set_title(f"{label}: flat (no gradient) past the upper edge" if sign == "positive"
+                       else f"{label}: flat (no gradient) past the lower edge", fontsize=10)
+        axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("log of the ratio the objective weighs A by (nats)")
+    _legend_below(figure, [axes[0][0]], columns=3)
+    figure.suptitle(f"GMPO clips in log space: +-{eps:g} nats, about twice PPO's [{math.log(1 - ppo_eps):.2f}, "
+                    f"{math.log(1 + ppo_eps):.2f}]")
+    return figure
+
+
+def draw_sequence_weights(report):
+    """Chapter 5 (the sequence-weighted page): the weight VESPO and TOPR put on A * grad log pi against the
+    sequence ratio w, beside the plain importance weight w."""
+    weights = report["sequence_weights"]
+    ratios = weights["ratios"]
+    figure, axes = _figure(10.5, 4.4, 1, 2, sharey=True)
+    for axis, (sign, label) in zip(axes[0], (("positive", "A >= 0"), ("negative", "A < 0"))):
+        data = weights["weight"][sign]
+        axis.plot(ratios, data["importance"], color=GREY, linestyle="--", label="importance weight w")
+        axis.plot(ratios, data["topr"], color="tab:orange", linewidth=2.2, label="TOPR: 1, or min(w, 1) if A < 0")
+        axis.plot(ratios, data["vespo"], color="tab:blue", linewidth=1.8,
+                  label="VESPO: phi = w^k exp(lambda (1 - w))")
+        peak = data["vespo_k"] / data["vespo_lambda"]
+        axis.axvline(peak, color="tab:blue", linewidth=0.7, linestyle=":")
+        axis.set_xscale("log")
+        axis.set_xlim(ratios[0], ratios[-1])
+        axis.set_ylim(0.0, 2.0)
+        axis.set_xlabel("sequence ratio w = pi(y) / pi_old(y) (log scale)")
+        axis.set_title(f"{label}: k = {data['vespo_k']:g}, lambda = {data['vespo_lambda']:g}, "
+                       f"peak at w = k / lambda = {peak:.2g} (dotted)", fontsize=10)
+        axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("weight on A * grad log pi(y)")
+    _legend_below(figure, [axes[0][0]], columns=3)
+    figure.suptitle("Both weights are 1 at w = 1; VESPO fades far off-policy responses on both sides, "
+                    "TOPR only bad ones it has left")
+    return figure
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapters 6-10
 # ---------------------------------------------------------------------------------------------
@@ -458,7 +560,9 @@ FIGURES = {
     "02-policy-gradient": {"sample-error": draw_sample_error},
     "03-baselines-and-gae": {"variance": draw_variance, "gae-weights": draw_gae_weights, "lambda": draw_lambda},
     "04-reusing-a-batch": {"corrections": draw_corrections, "second-pass": draw_second_pass},
-    "05-trust-regions": {"clip": draw_clip, "weights": draw_gradient_weights, "sapo-gate": draw_sapo_gate},
+    "05-trust-regions": {"clip": draw_clip, "weights": draw_gradient_weights, "sapo-gate": draw_sapo_gate,
+                         "dppo-region": draw_dppo_region, "gmpo-clip": draw_gmpo_clip,
+                         "sequence-weights": draw_sequence_weights},
     "06-kl-regularized-objective": {"beta": draw_kl_beta, "estimators": draw_kl_estimators},
     "07-preferences": {"losses": draw_preference_losses},
     "08-groups": {"weights": draw_group_weights},

@@ -92,7 +92,8 @@ class CommittedReportsOfChapters1To5(unittest.TestCase):
         for chapter, names in [("01-log-probabilities", ["shift"]), ("02-policy-gradient", ["sample-error"]),
                                ("03-baselines-and-gae", ["variance", "gae-weights", "lambda"]),
                                ("04-reusing-a-batch", ["corrections", "second-pass"]),
-                               ("05-trust-regions", ["clip", "weights", "sapo-gate"])]:
+                               ("05-trust-regions", ["clip", "weights", "sapo-gate", "dppo-region", "gmpo-clip",
+                                                    "sequence-weights"])]:
             self.assertEqual(list(plot_course.FIGURES[chapter]), names)
 
 
@@ -664,3 +665,104 @@ class TheWholeLoop(RoundedValues):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 5's figures of the second-wave trust regions and sequence weights (the algorithm pages)
+# ---------------------------------------------------------------------------------------------
+
+def _binary_kl(q, p):
+    """KL(Bernoulli(q) || Bernoulli(p)) in nats, with DPPO's 1e-8 on the 'not taken' side."""
+    return q * math.log(q / p) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+
+
+def _bisect(f, low, high, steps=80):
+    """The root of an increasing f on [low, high] (f(low) <= 0 <= f(high))."""
+    for _ in range(steps):
+        middle = (low + high) / 2
+        low, high = (middle, high) if f(middle) <= 0 else (low, middle)
+    return (low + high) / 2
+
+
+class SecondWaveTrustRegionFigures(unittest.TestCase):
+    """The DPPO, GMPO, VESPO and TOPR curves of chapter 5 against their formulas, by hand."""
+
+    def setUp(self):
+        self.report = report_of("05-trust-regions")
+        self.dppo = self.report["dppo"]
+        self.half_step = (self.dppo["probabilities"][1] - self.dppo["probabilities"][0]) / 2
+
+    def _single_interval(self, sign, q, method):
+        intervals = self.dppo["region"][sign][str(q)][method]
+        self.assertEqual(len(intervals), 1, (sign, q, method))
+        return intervals[0]
+
+    def test_ratio_clip_keeps_p_within_one_plus_minus_eps_times_q(self):
+        eps = self.dppo["delta"]
+        for q in self.dppo["old_probabilities"]:
+            self.assertEqual(self._single_interval("positive", q, "ppo_clip")[0], 0.0)
+            self.assertAlmostEqual(self._single_interval("positive", q, "ppo_clip")[1], min(q * (1 + eps), 1.0),
+                                   delta=self.half_step)
+            self.assertAlmostEqual(self._single_interval("negative", q, "ppo_clip")[0], q * (1 - eps),
+                                   delta=self.half_step)
+            self.assertEqual(self._single_interval("negative", q, "ppo_clip")[1], 1.0)
+
+    def test_dppo_tv_keeps_p_within_q_plus_minus_delta(self):
+        delta = self.dppo["delta"]
+        for q in self.dppo["old_probabilities"]:
+            self.assertAlmostEqual(self._single_interval("positive", q, "dppo_tv")[1], min(q + delta, 1.0),
+                                   delta=self.half_step)
+            self.assertAlmostEqual(self._single_interval("negative", q, "dppo_tv")[0], max(q - delta, 0.0),
+                                   delta=self.half_step)
+        # the rare token: the ratio clip stops it at p = 0.012, the TV region at 0.21
+        self.assertAlmostEqual(self._single_interval("positive", 0.01, "dppo_tv")[1], 0.21, places=12)
+        self.assertAlmostEqual(self._single_interval("positive", 0.01, "ppo_clip")[1], 0.012, places=12)
+
+    def test_dppo_kl_edge_is_where_the_binary_kl_reaches_delta(self):
+        delta, grid = self.dppo["delta"], self.dppo["probabilities"]
+        for q in self.dppo["old_probabilities"]:
+            up = 1.0 if _binary_kl(q, grid[-1]) <= delta else _bisect(lambda p: _binary_kl(q, p) - delta, q, grid[-1])
+            down = 0.0 if _binary_kl(q, grid[0]) <= delta else _bisect(lambda p: delta - _binary_kl(q, p), grid[0], q)
+            self.assertAlmostEqual(self._single_interval("positive", q, "dppo_kl")[1], up, delta=self.half_step)
+            self.assertAlmostEqual(self._single_interval("negative", q, "dppo_kl")[0], down, delta=self.half_step)
+        # q = 0.5: the binary KL is symmetric in p around 0.5, so the two edges mirror each other
+        self.assertAlmostEqual(self._single_interval("positive", 0.5, "dppo_kl")[1],
+                               1 - self._single_interval("negative", 0.5, "dppo_kl")[0], delta=2 * self.half_step)
+
+    def test_every_region_keeps_the_on_policy_token(self):
+        for sign, by_q in self.dppo["region"].items():
+            for q, methods in by_q.items():
+                for method, intervals in methods.items():
+                    self.assertTrue(any(low < float(q) < high for low, high in intervals), (sign, q, method))
+
+    def test_gmpo_and_ppo_see_the_pessimistic_clipped_log_ratio(self):
+        gmpo, eps = self.report["gmpo"], self.report["gmpo"]["epsilon"]
+        low, high = math.log(0.8), math.log(1.2)
+        for sign, pick in (("positive", min), ("negative", max)):
+            clip = gmpo["clip"][sign]
+            for index, l in enumerate(gmpo["log_ratios"]):
+                self.assertAlmostEqual(clip["gmpo"]["log_ratio_seen"][index], pick(l, min(max(l, -eps), eps)),
+                                       places=10)
+                self.assertAlmostEqual(clip["ppo_clip"]["log_ratio_seen"][index], pick(l, min(max(l, low), high)),
+                                       places=10)
+                if abs(abs(l) - eps) > 1e-9:  # off the edges: weight e^l inside the kept side, 0 past it
+                    clipped = l > eps if sign == "positive" else l < -eps
+                    self.assertAlmostEqual(clip["gmpo"]["weight"][index], 0.0 if clipped else math.exp(l), places=10)
+
+    def test_vespo_weight_is_the_gamma_shape_with_its_peak_at_k_over_lambda(self):
+        weights = self.report["sequence_weights"]
+        ratios = weights["ratios"]
+        for sign, (k, lam) in (("positive", (2.0, 3.0)), ("negative", (3.0, 2.0))):
+            phi = weights["weight"][sign]["vespo"]
+            for index, w in enumerate(ratios):
+                self.assertTrue(math.isclose(phi[index], w ** k * math.exp(lam * (1 - w)), rel_tol=1e-10,
+                                             abs_tol=1e-15), (sign, w))
+            self.assertAlmostEqual(phi[ratios.index(1.0)], 1.0, places=12)
+            peak = ratios[phi.index(max(phi))]
+            self.assertLess(abs(math.log(peak / (k / lam))), math.log(10) / 50)  # within one grid step
+
+    def test_topr_weight_is_one_for_good_responses_and_min_w_one_for_bad(self):
+        weights = self.report["sequence_weights"]
+        for index, w in enumerate(weights["ratios"]):
+            self.assertAlmostEqual(weights["weight"]["positive"]["topr"][index], 1.0, places=12)
+            self.assertAlmostEqual(weights["weight"]["negative"]["topr"][index], min(w, 1.0), places=12)
