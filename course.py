@@ -1098,6 +1098,30 @@ def _pass_at_k_of_prompts(counts, n, k):
     """pass@k of a set of prompts: the mean over the prompts of the unbiased estimator."""
     return sum(countdown.pass_at_k(n, c, k) for c in counts) / len(counts)
 
+# The high-entropy mask on one batch (docs/algorithms/entropy.md): seeded logits whose sharpness varies from
+# token to token, as a policy's does (sure of most tokens, unsure at a few forks), and ragged lengths
+ENTROPY_LENGTHS_10 = [12, 9, 6, 11]  # kept tokens of each of the N = 4 responses, R = 12 positions
+ENTROPY_VOCABULARY_10 = 8
+ENTROPY_TOP_QUANTILE_10 = 0.2  # the paper's rho
+
+
+def _entropy_mask_batch():
+    """One batch's token entropies (nats), its mask and high_entropy_token_mask's choice at the paper's rho."""
+    generator = torch.Generator().manual_seed(SEED)
+    count, width = len(ENTROPY_LENGTHS_10), max(ENTROPY_LENGTHS_10)
+    # a sharpness per token: most tokens sure (large scale), about one in five unsure (small scale)
+    scale = torch.where(torch.rand(count, width, generator=generator, dtype=rl_lab.DTYPE) < 0.2, 0.5, 4.0)
+    logits = scale.unsqueeze(-1) * torch.randn(count, width, ENTROPY_VOCABULARY_10, generator=generator,
+                                               dtype=rl_lab.DTYPE)  # (N, R, V)
+    entropies = rl_lab.token_entropy(logits)  # (N, R, V) -> (N, R)
+    mask = (torch.arange(width).unsqueeze(0) < torch.tensor(ENTROPY_LENGTHS_10).unsqueeze(1)).long()  # (N, R)
+    chosen = rl_lab.high_entropy_token_mask(entropies, mask, ENTROPY_TOP_QUANTILE_10)
+    return {"lengths": ENTROPY_LENGTHS_10, "vocabulary": ENTROPY_VOCABULARY_10,
+            "top_quantile": ENTROPY_TOP_QUANTILE_10, "entropies": entropies, "completion_mask": mask,
+            # the line the mask cuts at: the (1 - rho) quantile of the kept tokens' entropies, as the atom takes it
+            "threshold": torch.quantile(entropies[mask.bool()], 1.0 - ENTROPY_TOP_QUANTILE_10),
+            "mask": chosen.long(), "kept": int(mask.sum()), "chosen": int(chosen.sum())}
+
 
 def chapter_10():
     with open(os.path.join(HERE, ONLINE_RUN), encoding="utf-8") as handle:
@@ -1135,6 +1159,7 @@ def chapter_10():
         "narrowing": {"samples": n, "before": NARROWING_BEFORE, "after": NARROWING_AFTER,
                       "rows": [{"k": k, "before": _pass_at_k_of_prompts(NARROWING_BEFORE, n, k),
                                 "after": _pass_at_k_of_prompts(NARROWING_AFTER, n, k)} for k in PASSK_QUOTED_K]},
+        "entropy_mask": _entropy_mask_batch(),
     }
 
 

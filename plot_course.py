@@ -553,6 +553,42 @@ def draw_passk_estimator(report):
     return figure
 
 
+def draw_entropy_mask(report):
+    """Chapter 10 (the entropy page): each kept token's entropy on one batch, the (1 - rho) quantile line,
+    and the tokens the high-entropy mask keeps."""
+    data = report["entropy_mask"]
+    figure, axes = _figure(10.5, 4.4)
+    axis = axes[0][0]
+    position, ticks = 0, []
+    for response, (row, kept, chosen) in enumerate(zip(data["entropies"], data["completion_mask"], data["mask"])):
+        # a response's kept tokens come first (padding after), so position + t lays them out in order
+        others = [t for t in range(len(row)) if kept[t] and not chosen[t]]
+        picked = [t for t in range(len(row)) if chosen[t]]
+        axis.scatter([position + t for t in others], [row[t] for t in others], s=28, facecolors="none",
+                     edgecolors="tab:gray",
+                     label="kept token, masked out of the policy term" if response == 0 else None)
+        axis.scatter([position + t for t in picked], [row[t] for t in picked], s=36, color="tab:orange",
+                     label="high-entropy token: keeps its gradient" if response == 0 else None)
+        count = sum(kept)
+        ticks.append(position + (count - 1) / 2)
+        position += count + 2
+        if response < len(data["entropies"]) - 1:
+            axis.axvline(position - 1.5, color="0.85", linewidth=0.8)
+    axis.axhline(data["threshold"], color="tab:red", linestyle="--", linewidth=1.0,
+                 label=f"quantile {1 - data['top_quantile']:g} of the kept entropies = {data['threshold']:.3f}")
+    axis.axhline(math.log(data["vocabulary"]), color=GREY, linestyle=":", linewidth=1.0,
+                 label=f"log V = {math.log(data['vocabulary']):.3f} (uniform over V = {data['vocabulary']})")
+    axis.set_xticks(ticks, [f"response {i + 1}\n({n} tokens)" for i, n in enumerate(data["lengths"])])
+    axis.set_xlabel("kept tokens of each response, in order (padding not drawn)")
+    axis.set_ylabel("token entropy H (nats)")
+    axis.set_ylim(0.0, math.log(data["vocabulary"]) * 1.08)
+    axis.set_title(f"The mask keeps the batch's top {data['top_quantile']:.0%} entropies: {data['chosen']} of "
+                   f"{data['kept']} kept tokens, wherever they fall", fontsize=11)
+    axis.grid(True, axis="y", alpha=0.3)
+    _legend_below(figure, [axis], columns=2)
+    return figure
+
+
 
 # chapter name -> {figure name: draw function}; course.py writes results-course/<chapter>-<figure>.svg
 FIGURES = {
@@ -567,5 +603,5 @@ FIGURES = {
     "07-preferences": {"losses": draw_preference_losses},
     "08-groups": {"weights": draw_group_weights},
     "09-sequences": {"token-weights": draw_token_weights, "overlong": draw_overlong},
-    "10-the-whole-loop": {"passk": draw_passk, "estimator": draw_passk_estimator},
+    "10-the-whole-loop": {"passk": draw_passk, "estimator": draw_passk_estimator, "entropy-mask": draw_entropy_mask},
 }

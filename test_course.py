@@ -663,8 +663,36 @@ class TheWholeLoop(RoundedValues):
 
 
 
-if __name__ == "__main__":
-    unittest.main()
+
+class HighEntropyMaskFigure(unittest.TestCase):
+    """Chapter 10's one batch under the high-entropy mask, against a hand-taken linear quantile."""
+
+    def setUp(self):
+        self.data = report_of("10-the-whole-loop")["entropy_mask"]
+        self.kept = [h for row, mask in zip(self.data["entropies"], self.data["completion_mask"])
+                     for h, m in zip(row, mask) if m]
+
+    def test_threshold_is_the_linear_quantile_of_the_kept_entropies(self):
+        values = sorted(self.kept)
+        position = (len(values) - 1) * (1 - self.data["top_quantile"])
+        low = math.floor(position)
+        expected = values[low] + (position - low) * (values[low + 1] - values[low])
+        self.assertTrue(math.isclose(self.data["threshold"], expected, rel_tol=1e-11),
+                        (self.data["threshold"], expected))
+
+    def test_mask_keeps_exactly_the_kept_tokens_at_or_above_the_threshold(self):
+        for row, mask, chosen in zip(self.data["entropies"], self.data["completion_mask"], self.data["mask"]):
+            for h, m, c in zip(row, mask, chosen):
+                self.assertEqual(c, int(bool(m) and h >= self.data["threshold"]), (h, m))
+        # distinct entropies: the top n - ceil((n - 1)(1 - rho)) of n kept tokens, 8 of 38
+        count = len(self.kept)
+        self.assertEqual(self.data["chosen"], count - math.ceil((count - 1) * (1 - self.data["top_quantile"])))
+        self.assertEqual((self.data["kept"], self.data["chosen"]), (sum(self.data["lengths"]), 8))
+
+    def test_entropies_lie_between_zero_and_log_v(self):
+        for h in self.kept:
+            self.assertTrue(0.0 <= h <= math.log(self.data["vocabulary"]) + 1e-12, h)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,3 +794,7 @@ class SecondWaveTrustRegionFigures(unittest.TestCase):
         for index, w in enumerate(weights["ratios"]):
             self.assertAlmostEqual(weights["weight"]["positive"]["topr"][index], 1.0, places=12)
             self.assertAlmostEqual(weights["weight"]["negative"]["topr"][index], min(w, 1.0), places=12)
+
+
+if __name__ == "__main__":
+    unittest.main()
