@@ -1,5 +1,6 @@
 """Helpers shared by the test files (test_*.py): running a main() in-process, tolerant comparison of
-committed outputs, and the single-thread setting of every test module.
+committed outputs, the single-thread setting of every test module, and deterministic runs computed over
+the machine's cores, once per test process.
 
     python -m unittest                  # every test file of the lab (discovery: test_*.py)
 """
@@ -7,13 +8,16 @@ committed outputs, and the single-thread setting of every test module.
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import importlib
+import inspect
 import io
 import json
 import math
 import multiprocessing
 import os
+import sys
 from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +154,28 @@ def _call(job):
         return getattr(importlib.import_module(module), function)(*args, **kwargs)
 
 
+_SHARED = {}  # (module, function, bound arguments) -> result, for the whole test process
+
+
+def _shared_key(job):
+    module, function, args, kwargs = job
+    bound = inspect.signature(getattr(importlib.import_module(module), function)).bind(*args, **kwargs)
+    bound.apply_defaults()  # train("ppo") and train("ppo", seed=7) are one run
+    return module, function, repr(sorted(bound.arguments.items()))
+
+
+def shared_calls(jobs):
+    """parallel_calls for deterministic runs that several test files train: each distinct call is computed
+    once per test process (the missing ones over the cores); each caller gets its own copy."""
+    keys = [_shared_key(job) for job in jobs]
+    missing = {}
+    for key, job in zip(keys, jobs):
+        if key not in _SHARED:
+            missing.setdefault(key, job)
+    _SHARED.update(zip(missing, parallel_calls(list(missing.values()))))
+    return [copy.deepcopy(_SHARED[key]) for key in keys]
+
+
 def parallel_calls(jobs):
     """[(module, function, args, kwargs)] -> results in order, spread over the machine's cores (fork). The
     runs are deterministic and single-threaded, so the results do not depend on where they ran; this only
@@ -157,5 +183,7 @@ def parallel_calls(jobs):
     workers = min(os.cpu_count() or 1, len(jobs))
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_call(job) for job in jobs]
+    if "torch" in sys.modules:  # a process's first optimizer imports torch._dynamo (seconds): once, before the fork
+        sys.modules["torch"].optim.Adam([sys.modules["torch"].zeros(1, requires_grad=True)])
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return pool.map(_call, jobs, chunksize=1)
