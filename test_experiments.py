@@ -25,7 +25,7 @@ import experiments
 import online_tokens
 import plot_results
 from policies import TablePolicy, logps_of_tokens
-from lab_testing import HERE, run_main, single_thread_module
+from lab_testing import HERE, ForkedProgram, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
@@ -342,37 +342,33 @@ class MechanismsAtReducedSize(unittest.TestCase):
 
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
-# die; the test stops it from outside. Each prints "worker <pid>" when its run starts.
-WORKERS_SCENARIO = """
-import os, signal, sys, time
-import experiments, lab_io
-
-def stall(seed):
-    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+# die; the test stops it from outside. Each prints "worker <pid>" when its run starts. The child is forked
+# from this process (lab_testing.ForkedProgram): a process with its own signals, exit status and workers,
+# without the seconds of a fresh interpreter importing torch.
+def _stall(seed):
+    os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
     time.sleep(600)
 
-def killed(seed):
-    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+
+def _killed(seed):
+    os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
     os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
 
-experiments.RUNNERS.update(stall=stall, killed=killed)
-runners = sys.argv[1].split(",")
-table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
-                                     ["m"])}
-sys.exit(lab_io.run_cli(lambda: experiments.run_experiments(["t"], 1, len(runners), lambda *args: None,
-                                                            report=print, table=table)))
-"""
+
+def _workers_scenario(runners):
+    experiments.RUNNERS.update(stall=_stall, killed=_killed)  # in the child only
+    table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
+                                         ["m"])}
+    experiments.run_experiments(["t"], 1, len(runners), lambda *args: None, report=print, table=table)
+    return 0
 
 
 class Workers(unittest.TestCase):
     """Every early exit of a run over worker processes ends it at once, with one line, and no worker left."""
 
     def start(self, runners):
-        child = subprocess.Popen([sys.executable, "-B", "-c", WORKERS_SCENARIO, runners], cwd=HERE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.addCleanup(child.stderr.close)
-        self.addCleanup(child.stdout.close)
-        self.addCleanup(lambda: child.poll() is None and os.killpg(child.pid, signal.SIGKILL))
+        child = ForkedProgram(lambda: _workers_scenario(runners.split(",")))
+        self.addCleanup(child.close)
         return child
 
     def workers_started(self, child, count):
