@@ -29,7 +29,7 @@ t = float64
 CHAIN_REFERENCE_EXPECTED_RETURN = 0.9995921742541397  # the chain's published run: seed 7, 120 steps, lambda 0.95
 CHAIN_REFERENCE_LEFT_PROBABILITY = 0.9997095339889668
 CHAIN_LEARNING_SEEDS = (0, 7, 19)
-CHAIN_LEARNING_STEPS = 80
+CHAIN_LEARNING_STEPS = 30  # every seed passes 0.97 by step 10; a sign flipped in GAE or the loss never does
 
 
 def chain_tables(values=(0.0, 0.0, 0.0), logits=None):
@@ -187,8 +187,8 @@ def learning_runs():
 
 class ChainTraining(unittest.TestCase):
     @classmethod
-    def setUpClass(cls):
-        cls.rows, cls.report = ppo_chain.train()
+    def setUpClass(cls):  # the default run, which test_results compares with the committed one: trained once
+        cls.rows, cls.report = shared_calls([("ppo_chain", "train", (), {})])[0]
 
     def test_chain_seed7_reproduces_the_reference_final_return(self):
         final = self.report["final"]
@@ -237,7 +237,7 @@ class ChainTraining(unittest.TestCase):
         self.assertEqual(trace["returns"], trace["advantages"])
         self.assertEqual(trace["old_logp"], [-math.log(2.0)] * 8)
 
-    def test_chain_learns_on_seeds_0_7_19_in_80_steps(self):
+    def test_chain_learns_on_seeds_0_7_19_in_30_steps(self):
         runs = learning_runs()
         for seed in CHAIN_LEARNING_SEEDS:
             with self.subTest(seed=seed):

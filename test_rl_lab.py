@@ -1931,9 +1931,11 @@ class Bandit(unittest.TestCase):
                 )
 
     def test_all_four_algorithms_learn_on_three_seeds(self):
+        # in a third of the default 120 steps: every algorithm passes both thresholds by step 33 (PPO, GRPO
+        # and CISPO by step 6), while a sign flipped in an atom leaves the best action below 1/3
         jobs = [(algorithm, seed) for algorithm in rl_lab.ALGORITHMS for seed in (0, 7, 19)]
-        # over the cores; each run is deterministic, and the default seed's are test_results' runs
-        results = shared_calls([("rl_lab", "train", (algorithm,), {"seed": seed}) for algorithm, seed in jobs])
+        results = shared_calls([("rl_lab", "train", (algorithm,), {"seed": seed, "steps": 40})  # over the cores
+                                for algorithm, seed in jobs])
         for (algorithm, seed), (rows, _) in zip(jobs, results):
             with self.subTest(algorithm=algorithm, seed=seed):
                 self.assertGreater(rows[-1]["best_action_probability"], 0.9)
