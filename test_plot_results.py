@@ -530,7 +530,8 @@ class PlotterLabelsAndLayout(unittest.TestCase):
                     self.assertLessEqual(extent.x1, figure.bbox.x1)
 
     def test_a_transformer_run_gets_its_own_figure_from_its_files(self):
-        folder, sft_folder = self.path("transformer"), self.path("sft")
+        # the SFT start of the atlas's --quick runs, in their cache (test_experiments trains it there once)
+        folder, sft_folder = self.path("transformer"), os.path.join(HERE, "results-sft", "quick")
         rows, report = online_tokens.train(policy="transformer", steps=2, sft_steps=20, sft_folder=sft_folder,
                                            prompts=4, group_size=4, eval_prompts=4, eval_samples=4)
         lab_io.write_files({os.path.join(folder, "online.csv"): lab_io.csv_text(rows, list(rows[0])),
