@@ -294,11 +294,22 @@ class MechanismsAtReducedSize(unittest.TestCase):
         seen = {}
 
         def finished(name, experiment, seeds, jobs, results):
-            seen[name] = (seeds, experiments.experiment_files(experiment, seeds, jobs, results, name))
+            # here, while the workers run the next experiments: the files, and the figure they draw (built, not
+            # saved: writing the SVG is matplotlib's work, seconds for the 22 and the same for every experiment;
+            # CommandLine writes one, test_plot_results checks the bytes)
+            files = experiments.experiment_files(experiment, seeds, jobs, results, name)
+            settings = json.loads(files[os.path.join(name, "settings.json")])
+            figure = plot_results.experiment_figure(
+                settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
+                            for file in ("summary.csv", "curves.csv", "runs.csv")))
+            shown = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
+            facts = (len(shown), len(figure.legends), figure.get_suptitle())
+            plot_results.plt.close(figure)
+            seen[name] = (seeds, files, facts)
 
         experiments.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # over the cores
         self.assertEqual(sorted(seen), sorted(table))
-        for name, (seeds, files) in seen.items():
+        for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
                 self.assertEqual(seeds, [0])
                 summary = rows_of(files[os.path.join(name, "summary.csv")])
@@ -325,20 +336,10 @@ class MechanismsAtReducedSize(unittest.TestCase):
                 self.assertEqual(markdown.count("\n| "), len(settings["claims"]) + 1 + len(summary) + 1 + sum(
                     len(rows) + 1 for _, rows in table[name].tables.values()))
                 self.assertTrue(experiments.command_of(name, None, 100).endswith("--seed-start 100"))
-                # its figure draws from these files: every panel's columns, metrics and claims exist. Built,
-                # not saved: writing the SVG is matplotlib's work, seconds for the 22 and the same for every
-                # experiment (CommandLine writes one, test_plot_results checks the bytes)
-                figure = plot_results.experiment_figure(
-                    settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
-                                for file in ("summary.csv", "curves.csv", "runs.csv")))
-                try:
-                    panels = plot_results._panels_of(settings)
-                    shown = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
-                    self.assertEqual(len(shown), len(panels))  # one titled panel each, no empty slot shown
-                    self.assertEqual(len(figure.legends), 1)
-                    self.assertTrue(figure.get_suptitle().startswith(f"{name}: "))
-                finally:
-                    plot_results.plt.close(figure)
+                # its figure draws from these files: every panel's columns, metrics and claims exist
+                self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
+                self.assertEqual(legends, 1)
+                self.assertTrue(title.startswith(f"{name}: "), title)
 
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
