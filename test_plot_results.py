@@ -87,6 +87,32 @@ def reference_labels(axis):
 
 
 class Plotter(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # a fresh interpreter that imports the plotter with no writable home, started now: it draws beside the
+        # class's first tests instead of before its own
+        cls.home_tmp = tempfile.TemporaryDirectory()
+        with open(os.path.join(cls.home_tmp.name, "a-file"), "w", encoding="utf-8") as handle:
+            handle.write("not a folder\n")
+        # no folder can be made under a file, even by root: matplotlib falls back to a temporary one
+        environment = {key: value for key, value in os.environ.items() if not key.startswith(("XDG_", "MPL"))}
+        environment["HOME"] = os.path.join(cls.home_tmp.name, "a-file", "home")
+        cls.home_svg = os.path.join(cls.home_tmp.name, "chain.svg")
+        script = (
+            "import sys, plot_results; "
+            f"code = plot_results.main(['--input', {os.path.join(HERE, 'results-chain')!r}, '--output', "
+            f"{cls.home_svg!r}]); print(code, 'torch' in sys.modules)"
+        )
+        cls.homeless = subprocess.Popen([sys.executable, "-B", "-c", script], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, cwd=HERE, env=environment)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.homeless.poll() is None:
+            cls.homeless.kill()
+        cls.homeless.communicate()
+        cls.home_tmp.cleanup()
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.addCleanup(self.tmp.cleanup)
@@ -215,21 +241,10 @@ class Plotter(unittest.TestCase):
         self.assertEqual((code, "longer than" in stderr), (2, True))
 
     def test_plotter_never_imports_torch_and_stays_quiet_without_a_writable_home(self):
-        with open(self.path("a-file"), "w", encoding="utf-8") as handle:
-            handle.write("not a folder\n")
-        # no folder can be made under a file, even by root: matplotlib falls back to a temporary one
-        environment = {key: value for key, value in os.environ.items() if not key.startswith(("XDG_", "MPL"))}
-        environment["HOME"] = self.path("a-file", "home")
-        script = (
-            "import sys, plot_results; "
-            f"code = plot_results.main(['--input', {os.path.join(HERE, 'results-chain')!r}, '--output', "
-            f"{self.path('chain.svg')!r}]); print(code, 'torch' in sys.modules)"
-        )
-        result = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, cwd=HERE,
-                                check=False, env=environment)
-        self.assertEqual(result.stdout.split()[-2:], ["0", "False"], result.stderr)
-        self.assertEqual(result.stderr, "")
-        self.assertTrue(os.path.exists(self.path("chain.svg")))
+        stdout, stderr = self.homeless.communicate(timeout=120)
+        self.assertEqual(stdout.split()[-2:], ["0", "False"], stderr)
+        self.assertEqual(stderr, "")
+        self.assertTrue(os.path.exists(self.home_svg))
 
     def test_a_garbled_experiment_folder_is_one_line_naming_the_file(self):
         source = os.path.join(HERE, "results-experiments", "kl-estimators")
