@@ -195,9 +195,10 @@ def parallel_calls(jobs):
 
 class ForkedProgram:
     """`function()` run as a program (under lab_io.run_cli) in a child forked from the tests' process: a
-    process of its own, in a session of its own, stdin on the null device, stdout and stderr on pipes. Its
-    stop signals, exit status and worker processes are a program's, without the seconds a fresh interpreter
-    spends importing torch. The members of subprocess.Popen that the tests use (text pipes)."""
+    process of its own, leading its own process group (setsid), stdin on the null device, stdout and stderr
+    on pipes. Its stop signals, exit status and worker processes are a program's, without the seconds a
+    fresh interpreter spends importing torch. The members of subprocess.Popen that the tests use (text
+    pipes)."""
 
     def __init__(self, function):
         out_read, out_write = os.pipe()
@@ -220,7 +221,8 @@ class ForkedProgram:
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 import lab_io
 
-                status = lab_io.run_cli(function)
+                result = lab_io.run_cli(function)
+                status = 0 if result is None else result  # as sys.exit reads it
                 sys.stdout.flush()
                 sys.stderr.flush()
             except BaseException:  # the harness itself failed: say how, on the child's stderr
@@ -253,7 +255,7 @@ class ForkedProgram:
             os.kill(self.pid, signum)
 
     def close(self):
-        """Kill the child's whole session if it still runs, reap it, close the pipes."""
+        """Kill the child's process group if the child still runs, reap it, close the pipes."""
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGKILL)

@@ -307,7 +307,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
             plot_results.plt.close(figure)
             seen[name] = (seeds, files, facts)
 
-        experiments.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # over the cores
+        experiments.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
         self.assertEqual(sorted(seen), sorted(table))
         for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
