@@ -1,5 +1,6 @@
 """Helpers shared by the test files (test_*.py): running a main() in-process, tolerant comparison of
-committed outputs, and the single-thread setting of every test module.
+committed outputs, the single-thread setting of every test module, and deterministic runs computed over
+the machine's cores, once per test process.
 
     python -m unittest                  # every test file of the lab (discovery: test_*.py)
 """
@@ -7,13 +8,20 @@ committed outputs, and the single-thread setting of every test module.
 from __future__ import annotations
 
 import contextlib
+import copy
 import csv
 import importlib
+import inspect
 import io
 import json
 import math
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
 from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +158,28 @@ def _call(job):
         return getattr(importlib.import_module(module), function)(*args, **kwargs)
 
 
+_SHARED = {}  # (module, function, bound arguments) -> result, for the whole test process
+
+
+def _shared_key(job):
+    module, function, args, kwargs = job
+    bound = inspect.signature(getattr(importlib.import_module(module), function)).bind(*args, **kwargs)
+    bound.apply_defaults()  # train("ppo") and train("ppo", seed=7) are one run
+    return module, function, repr(sorted(bound.arguments.items()))
+
+
+def shared_calls(jobs):
+    """parallel_calls for deterministic runs that several test files train: each distinct call is computed
+    once per test process (the missing ones over the cores); each caller gets its own copy."""
+    keys = [_shared_key(job) for job in jobs]
+    missing = {}
+    for key, job in zip(keys, jobs):
+        if key not in _SHARED:
+            missing.setdefault(key, job)
+    _SHARED.update(zip(missing, parallel_calls(list(missing.values()))))
+    return [copy.deepcopy(_SHARED[key]) for key in keys]
+
+
 def parallel_calls(jobs):
     """[(module, function, args, kwargs)] -> results in order, spread over the machine's cores (fork). The
     runs are deterministic and single-threaded, so the results do not depend on where they ran; this only
@@ -157,5 +187,78 @@ def parallel_calls(jobs):
     workers = min(os.cpu_count() or 1, len(jobs))
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_call(job) for job in jobs]
+    if "torch" in sys.modules:  # a process's first optimizer imports torch._dynamo (seconds): once, before the fork
+        sys.modules["torch"].optim.Adam([sys.modules["torch"].zeros(1, requires_grad=True)])
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return pool.map(_call, jobs, chunksize=1)
+
+
+class ForkedProgram:
+    """`function()` run as a program (under lab_io.run_cli) in a child forked from the tests' process: a
+    process of its own, leading its own process group (setsid), stdin on the null device, stdout and stderr
+    on pipes. Its stop signals, exit status and worker processes are a program's, without the seconds a
+    fresh interpreter spends importing torch. The members of subprocess.Popen that the tests use (text
+    pipes)."""
+
+    def __init__(self, function):
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # nothing of the parent's buffers is written twice
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the tests
+            status = 1
+            try:
+                os.setsid()
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(out_write, 1)
+                os.dup2(err_write, 2)
+                for fd in (out_read, out_write, err_read, err_write):
+                    os.close(fd)
+                # fresh streams on the pipes, whatever the test runner put in their place (unittest -b)
+                sys.stdin = open(0, closefd=False)
+                sys.stdout = open(1, "w", buffering=1, closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                import lab_io
+
+                result = lab_io.run_cli(function)
+                status = 0 if result is None else result  # as sys.exit reads it
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:  # the harness itself failed: say how, on the child's stderr
+                os.write(2, traceback.format_exc().encode())
+            finally:
+                os._exit(status if isinstance(status, int) else 1)
+        self.pid, self.returncode = pid, None
+        os.close(out_write)
+        os.close(err_write)
+        self.stdout = open(out_read, encoding="utf-8")
+        self.stderr = open(err_read, encoding="utf-8")
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked program {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def close(self):
+        """Kill the child's process group if the child still runs, reap it, close the pipes."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.wait(60)
+        self.stdout.close()
+        self.stderr.close()

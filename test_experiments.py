@@ -25,7 +25,7 @@ import experiments
 import online_tokens
 import plot_results
 from policies import TablePolicy, logps_of_tokens
-from lab_testing import HERE, run_main, single_thread_module
+from lab_testing import HERE, ForkedProgram, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
@@ -294,11 +294,22 @@ class MechanismsAtReducedSize(unittest.TestCase):
         seen = {}
 
         def finished(name, experiment, seeds, jobs, results):
-            seen[name] = (seeds, experiments.experiment_files(experiment, seeds, jobs, results, name))
+            # here, while the workers run the next experiments: the files, and the figure they draw (built, not
+            # saved: writing the SVG is matplotlib's work, seconds for the 22 and the same for every experiment;
+            # CommandLine writes one, test_plot_results checks the bytes)
+            files = experiments.experiment_files(experiment, seeds, jobs, results, name)
+            settings = json.loads(files[os.path.join(name, "settings.json")])
+            figure = plot_results.experiment_figure(
+                settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
+                            for file in ("summary.csv", "curves.csv", "runs.csv")))
+            shown = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
+            facts = (len(shown), len(figure.legends), figure.get_suptitle())
+            plot_results.plt.close(figure)
+            seen[name] = (seeds, files, facts)
 
-        experiments.run_experiments(list(table), 1, 1, finished, report=lambda line: None, table=table)
+        experiments.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
         self.assertEqual(sorted(seen), sorted(table))
-        for name, (seeds, files) in seen.items():
+        for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
                 self.assertEqual(seeds, [0])
                 summary = rows_of(files[os.path.join(name, "summary.csv")])
@@ -326,41 +337,39 @@ class MechanismsAtReducedSize(unittest.TestCase):
                     len(rows) + 1 for _, rows in table[name].tables.values()))
                 self.assertTrue(experiments.command_of(name, None, 100).endswith("--seed-start 100"))
                 # its figure draws from these files: every panel's columns, metrics and claims exist
-                self.assertTrue(plot_results.experiment_figure_bytes(files, ".svg").startswith(b"<?xml"))
+                self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
+                self.assertEqual(legends, 1)
+                self.assertTrue(title.startswith(f"{name}: "), title)
 
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
-# die; the test stops it from outside. Each prints "worker <pid>" when its run starts.
-WORKERS_SCENARIO = """
-import os, signal, sys, time
-import experiments, lab_io
-
-def stall(seed):
-    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+# die; the test stops it from outside. Each prints "worker <pid>" when its run starts. The child is forked
+# from this process (lab_testing.ForkedProgram): a process with its own signals, exit status and workers,
+# without the seconds of a fresh interpreter importing torch.
+def _stall(seed):
+    os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
     time.sleep(600)
 
-def killed(seed):
-    os.write(1, f"worker {os.getpid()}\\n".encode())  # one write: workers share the pipe
+
+def _killed(seed):
+    os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
     os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
 
-experiments.RUNNERS.update(stall=stall, killed=killed)
-runners = sys.argv[1].split(",")
-table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
-                                     ["m"])}
-sys.exit(lab_io.run_cli(lambda: experiments.run_experiments(["t"], 1, len(runners), lambda *args: None,
-                                                            report=print, table=table)))
-"""
+
+def _workers_scenario(runners):
+    experiments.RUNNERS.update(stall=_stall, killed=_killed)  # in the child only
+    table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
+                                         ["m"])}
+    experiments.run_experiments(["t"], 1, len(runners), lambda *args: None, report=print, table=table)
+    return 0
 
 
 class Workers(unittest.TestCase):
     """Every early exit of a run over worker processes ends it at once, with one line, and no worker left."""
 
     def start(self, runners):
-        child = subprocess.Popen([sys.executable, "-B", "-c", WORKERS_SCENARIO, runners], cwd=HERE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.addCleanup(child.stderr.close)
-        self.addCleanup(child.stdout.close)
-        self.addCleanup(lambda: child.poll() is None and os.killpg(child.pid, signal.SIGKILL))
+        child = ForkedProgram(lambda: _workers_scenario(runners.split(",")))
+        self.addCleanup(child.close)
         return child
 
     def workers_started(self, child, count):
@@ -414,7 +423,10 @@ class Timing(unittest.TestCase):
     """A run's seconds (the progress lines, the totals, --timings) are the run's own: not a process's
     one-time imports, which took seconds in the first run of every worker."""
 
-    def test_the_first_optimizer_of_a_process_imports_what_the_clock_leaves_out(self):
+    @classmethod
+    def setUpClass(cls):
+        # a fresh interpreter (this one imported torch._dynamo long ago), started now: it imports torch while
+        # the other test of the class sleeps
         script = ("import sys, time, experiments\n"
                   "before = 'torch._dynamo' in sys.modules\n"
                   "started = time.perf_counter()\n"
@@ -423,9 +435,18 @@ class Timing(unittest.TestCase):
                   "started = time.perf_counter()\n"
                   "experiments._import_torch_lazy_modules()\n"
                   "print(before, 'torch._dynamo' in sys.modules, first > 10 * (time.perf_counter() - started))\n")
-        done = subprocess.run([sys.executable, "-B", "-c", script], cwd=HERE, capture_output=True, text=True,
-                              timeout=120)
-        self.assertEqual(done.stdout.split(), ["False", "True", "True"], done.stderr)
+        cls.fresh = subprocess.Popen([sys.executable, "-B", "-c", script], cwd=HERE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.fresh.poll() is None:
+            cls.fresh.kill()
+        cls.fresh.communicate()
+
+    def test_the_first_optimizer_of_a_process_imports_what_the_clock_leaves_out(self):
+        stdout, stderr = self.fresh.communicate(timeout=120)
+        self.assertEqual(stdout.split(), ["False", "True", "True"], stderr)
 
     def test_a_runs_seconds_leave_out_the_imports_in_one_process_and_over_workers(self):
         table = {"t": experiments.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"])}

@@ -18,13 +18,38 @@ import ppo_chain
 import rl_lab
 import token_objectives
 from lab_io import csv_text, json_text
-from lab_testing import HERE, committed_differences, describe_differences, single_thread_module, value_differences
+from lab_testing import (HERE, committed_differences, describe_differences, shared_calls, single_thread_module,
+                         value_differences)
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 ATLAS = "results-experiments"
 
 
+def atlas_first_runs():
+    """{experiment: (runner, seed, options)} of each atlas experiment's first run (first configuration, first
+    seed), from the committed settings.json, for every experiment whose runs are not the transformer's."""
+    first = {}
+    for name in sorted(os.listdir(os.path.join(HERE, ATLAS))):
+        settings = atlas_settings(name)
+        configuration = settings["configurations"][0]
+        if configuration["runner"] != "run_transformer":
+            first[name] = (configuration["runner"], settings["seeds"][0], configuration["options"])
+    return first
+
+
 class CommittedResults(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):  # every fresh run at once, over the machine's cores (each run is deterministic)
+        cls.first_runs = atlas_first_runs()
+        jobs = {("bandit", algorithm): ("rl_lab", "train", (algorithm,), {}) for algorithm in rl_lab.ALGORITHMS}
+        jobs[("chain",)] = ("ppo_chain", "train", (), {})
+        jobs[("tokens",)] = ("token_objectives", "run", (), {})
+        for algorithm in ("grpo", "cispo") + tuple(online_tokens.FOUR_ALGORITHMS):
+            jobs[("online", algorithm)] = ("online_tokens", "train", (), {"algorithm": algorithm})
+        for name, (runner, seed, options) in cls.first_runs.items():
+            jobs[("atlas", name)] = ("experiments", runner, (seed,), options)
+        cls.fresh = dict(zip(jobs, shared_calls(list(jobs.values()))))
+
     def assert_matches(self, relative, fresh_text):
         found = committed_differences(relative, fresh_text)
         self.assertEqual(found, [], describe_differences(relative, found))
@@ -32,22 +57,22 @@ class CommittedResults(unittest.TestCase):
     def test_bandit_results_match_a_fresh_run(self):
         for algorithm in rl_lab.ALGORITHMS:
             with self.subTest(algorithm=algorithm):
-                rows, settings = rl_lab.train(algorithm)
+                rows, settings = self.fresh[("bandit", algorithm)]
                 columns = rl_lab.DPO_COLUMNS if algorithm == "dpo" else rl_lab.COLUMNS
                 self.assert_matches(f"results/{algorithm}.csv", csv_text(rows, columns))
                 self.assert_matches(f"results/{algorithm}.json",
                                     json_text({"settings": settings, "initial": rows[0], "final": rows[-1]}))
 
     def test_chain_and_token_results_match_a_fresh_run(self):
-        rows, report = ppo_chain.train()
+        rows, report = self.fresh[("chain",)]
         self.assert_matches("results-chain/ppo-chain.csv", csv_text(rows, ppo_chain.COLUMNS))
         self.assert_matches("results-chain/ppo-chain.json", json_text(report))
-        self.assert_matches("results-tokens.json", json_text(token_objectives.run()))
+        self.assert_matches("results-tokens.json", json_text(self.fresh[("tokens",)]))
 
     def test_online_results_match_a_fresh_run(self):
         for algorithm in ("grpo", "cispo"):
             with self.subTest(algorithm=algorithm):
-                rows, report = online_tokens.train(algorithm=algorithm)
+                rows, report = self.fresh[("online", algorithm)]
                 folder = f"results-online-{algorithm}-sequence"
                 self.assert_matches(f"{folder}/online.csv", csv_text(rows, online_tokens.COLUMNS))
                 self.assert_matches(f"{folder}/online.json", json_text(report))
@@ -56,7 +81,7 @@ class CommittedResults(unittest.TestCase):
         comparison = []
         for algorithm in online_tokens.FOUR_ALGORITHMS:
             with self.subTest(algorithm=algorithm):
-                rows, report = online_tokens.train(algorithm=algorithm)
+                rows, report = self.fresh[("online", algorithm)]
                 self.assert_matches(f"results-online-all/{algorithm}/online.csv", csv_text(rows, online_tokens.COLUMNS))
                 self.assert_matches(f"results-online-all/{algorithm}/online.json", json_text(report))
                 comparison.append(online_tokens.comparison_row(algorithm, rows))
@@ -67,17 +92,14 @@ class CommittedResults(unittest.TestCase):
         # rerun from the committed settings.json, checks that the committed tables come from this code
         # (a transformer experiment's run needs the default SFT start, half a minute to train, then a
         # quarter of a minute: those are checked by test_the_transformer_atlas_summaries_are_their_runs)
-        for name in sorted(os.listdir(os.path.join(HERE, ATLAS))):
-            settings = atlas_settings(name)
-            configuration = settings["configurations"][0]
-            if configuration["runner"] == "run_transformer":
-                continue
+        self.assertGreaterEqual(len(self.first_runs), 15)
+        for name, (runner, seed, options) in self.first_runs.items():
             with self.subTest(experiment=name):
                 with open(os.path.join(HERE, ATLAS, name, "runs.csv"), encoding="utf-8", newline="") as handle:
                     committed = next(csv.DictReader(handle))
-                seed = int(committed["seed"])
-                self.assertEqual(seed, settings["seeds"][0])
-                metrics = experiments.RUNNERS[configuration["runner"]](seed, **configuration["options"])["metrics"]
+                self.assertEqual(int(committed["seed"]), seed)
+                self.assertIs(experiments.RUNNERS[runner], getattr(experiments, runner))  # the runner that was run
+                metrics = self.fresh[("atlas", name)]["metrics"]
                 for metric, value in metrics.items():
                     if value is None:  # a target never reached: an empty cell
                         self.assertEqual(committed[metric], "", f"{ATLAS}/{name}/runs.csv, first row, {metric}")
