@@ -324,9 +324,17 @@ def task_of(settings):
 
 def difficulty_summary(settings, split):
     """countdown.CountdownTask.difficulty_summary(split) of the task an online run's settings describe."""
+    return json.loads(_difficulty_summary_text(json.dumps(task_of(settings)["config"], sort_keys=True), split),
+                      object_hook=Data)
+
+
+@functools.lru_cache(maxsize=None)
+def _difficulty_summary_text(config, split):
+    """The summary as JSON text, computed once per task and split (building the task enumerates every
+    prompt's solutions; a page quotes it several times and the tests render every page often)."""
     countdown = importlib.import_module("countdown")
-    task = countdown.CountdownTask(countdown.CountdownConfig(**task_of(settings)["config"]))
-    return json.loads(json.dumps(task.difficulty_summary(split)), object_hook=Data)
+    task = countdown.CountdownTask(countdown.CountdownConfig(**json.loads(config)))
+    return json.dumps(task.difficulty_summary(split))
 
 
 def pins(root, filename, *packages):

