@@ -33,9 +33,12 @@ def _figure(width, height, rows=1, columns=1, **kwargs):
     return figure, figure.subplots(rows, columns, squeeze=False, **kwargs)
 
 
-def _legend_right(figure, axis, **kwargs):
-    """One legend outside the plotting area, on the right, off every curve."""
-    handles, labels = axis.get_legend_handles_labels()
+def _legend_right(figure, *axes, **kwargs):
+    """One legend outside the plotting area, on the right, off every curve: the entries of every axis."""
+    handles, labels = [], []
+    for axis in axes:
+        found = axis.get_legend_handles_labels()
+        handles, labels = handles + found[0], labels + found[1]
     figure.legend(handles, labels, loc="outside right center", frameon=False, **kwargs)
 
 
@@ -156,11 +159,7 @@ def draw_lambda(report):
     right.set_title("variance: grows with lambda, whatever the critic", fontsize=10)
     for axis in (left, right):
         axis.grid(True, alpha=0.3)
-    handles, labels = [], []
-    for axis in (left, right):
-        found = axis.get_legend_handles_labels()
-        handles, labels = handles + found[0], labels + found[1]
-    figure.legend(handles, labels, loc="outside right center", frameon=False)
+    _legend_right(figure, left, right)
     figure.suptitle("Lambda trades the critic's bias against the sampled rewards' variance (3 steps, rewards 0 or 2)")
     return figure
 
