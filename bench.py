@@ -18,29 +18,24 @@ results-bench/transformer.json with its machine named.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
-    exit_quietly_on_signals()
+import torch
 
-import contextlib  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-import online_tokens  # noqa: E402
-import ppo_chain  # noqa: E402
-import rl_lab  # noqa: E402
-import tiny_lm  # noqa: E402
-import token_objectives  # noqa: E402
-from lab_checks import machine, torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, int_flag, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
+import online_tokens
+import ppo_chain
+import rl_lab
+import tiny_lm
+import token_objectives
+from lab.checks import machine, torch_threads
+from lab.io import OneLineErrorParser, int_flag, json_text, output_file_or_exit, run_cli, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STARTUP = "import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])"

@@ -26,32 +26,27 @@ something disagrees.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import contextlib
+import dataclasses
+import importlib
+import io
+import math
+import os
+import sys
+import tempfile
+import warnings
+from collections import defaultdict
 
-    exit_quietly_on_signals()
+import torch
 
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-import importlib  # noqa: E402
-import io  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import warnings  # noqa: E402
-from collections import defaultdict  # noqa: E402
-
-import torch  # noqa: E402
-
-import online_tokens  # noqa: E402
-from lab_checks import torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, run_cli  # noqa: E402
-from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks  # noqa: E402
-from online_algorithms import WHITEN_EPS, GroupCredit, GroupFamily, PreferenceFamily  # noqa: E402
-from online_registry import ADVANTAGES, POLICY_LOSSES  # noqa: E402
-from online_settings import BY_NAME, OnlineConfig, resolve  # noqa: E402
-from rl_lab import (  # noqa: E402
+import online_tokens
+from lab.checks import torch_threads
+from lab.io import OneLineErrorParser, run_cli
+from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks
+from online_algorithms import WHITEN_EPS, GroupCredit, GroupFamily, PreferenceFamily
+from online_registry import ADVANTAGES, POLICY_LOSSES
+from online_settings import BY_NAME, OnlineConfig, resolve
+from rl_lab import (
     clipped_policy_loss,
     gae,
     group_relative_advantages,

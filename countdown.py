@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from lab_checks import check_int, check_real, check_tensor
+from lab.checks import check_int, check_real, check_tensor
 
 SPLITS = ("train", "test")
 OPERATORS = "+-*"  # the allowed operators, in the order of their token ids

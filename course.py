@@ -17,23 +17,18 @@ command gives byte-identical files on one machine.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import json
+import math
+import os
+import sys
 
-    exit_quietly_on_signals()
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-
-import countdown  # noqa: E402  (pass@k, chapter 10)
-from lab_checks import torch_threads  # noqa: E402
-from lab_io import OneLineErrorParser, json_text, output_folder_or_exit, run_cli, write_files  # noqa: E402
-import rl_lab  # noqa: E402,F401  (the atoms every chapter is built from)
+import countdown  # pass@k, chapter 10
+from lab.checks import torch_threads
+from lab.io import OneLineErrorParser, json_text, output_folder_or_exit, run_cli, write_files
+import rl_lab  # noqa: F401  the atoms every chapter is built from
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # the committed run of chapter 10 is read from here
 OUTPUT = "results-course"

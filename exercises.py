@@ -24,32 +24,27 @@ is stopped by Ctrl-C: the atoms graded so far are printed, then one line, status
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import ast
+import contextlib
+import dataclasses
+import functools
+import inspect
+import math
+import os
+import sys
+import traceback
+import types
+from dataclasses import dataclass
 
-    exit_quietly_on_signals()
+import torch
 
-import argparse  # noqa: E402
-import ast  # noqa: E402
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
-import inspect  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
-import types  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import torch  # noqa: E402
-
-import online_algorithms  # noqa: E402
-import online_tokens  # noqa: E402
-import rl_lab  # noqa: E402
-from exercise_cases import BY_NAME, EXERCISES, failure  # noqa: E402
-from lab_checks import torch_threads  # noqa: E402
-from lab_io import (  # noqa: E402
+import online_algorithms
+import online_tokens
+import rl_lab
+from exercise_cases import BY_NAME, EXERCISES, failure
+from lab.checks import torch_threads
+from lab.io import (
     OneLineErrorParser,
     WriteFailed,
     input_file_problem,

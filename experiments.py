@@ -33,34 +33,29 @@ its `cost` (seconds per run) orders the work and the ETA.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import itertools
+import json
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
 
-    exit_quietly_on_signals()
+import torch
+import torch.nn.functional as F
 
-import itertools  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import multiprocessing  # noqa: E402
-import multiprocessing.connection  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass, field, replace  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import online_tokens  # noqa: E402
-import ppo_chain  # noqa: E402
-import policies  # noqa: E402
-from online_settings import resolve  # noqa: E402
-from policies import TablePolicy, logps_of_tokens, nucleus  # noqa: E402
-import rl_lab  # noqa: E402
-from lab_checks import machine, torch_threads  # noqa: E402
-from lab_io import (  # noqa: E402
+import online_tokens
+import ppo_chain
+import policies
+from online_settings import resolve
+from policies import TablePolicy, logps_of_tokens, nucleus
+import rl_lab
+from lab.checks import machine, torch_threads
+from lab.io import (
     Progress,
     HeldSignals,
     OneLineErrorParser,

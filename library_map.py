@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from lab_io import OneLineErrorParser, run_cli
+from lab.io import OneLineErrorParser, run_cli
 from online_registry import (
     ACTOR,
     ADVANTAGES,

@@ -30,24 +30,19 @@ is gone is removed by the next write.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import ast
+import csv
+import functools
+import importlib
+import inspect
+import json
+import os
+import re
+import stat
+import sys
 
-    exit_quietly_on_signals()
-
-import argparse  # noqa: E402
-import ast  # noqa: E402
-import csv  # noqa: E402
-import functools  # noqa: E402
-import importlib  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import stat  # noqa: E402
-import sys  # noqa: E402
-
-from lab_io import OneLineErrorParser, input_file_problem, run_cli, write_files  # noqa: E402
+from lab.io import OneLineErrorParser, input_file_problem, run_cli, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join("docs", "templates")
@@ -741,7 +736,7 @@ def namespace(root):
     online_settings = importlib.import_module("online_settings")
     online_algorithms = importlib.import_module("online_algorithms")
     online_registry = importlib.import_module("online_registry")
-    lab_testing = importlib.import_module("lab_testing")
+    lab_testing = importlib.import_module("lab.testing")
 
     def section_reader(relative):
         return lambda: read_text(root, relative)
@@ -998,7 +993,7 @@ def build_parser():
 
 def main(argv=None, root=HERE):
     args = build_parser().parse_args(argv)
-    from lab_checks import torch_threads
+    from lab.checks import torch_threads
 
     try:
         with torch_threads(1):  # the atoms' demo values: tiny tensors

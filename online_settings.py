@@ -1,6 +1,6 @@
 """Every setting of the online driver, declared once: the fields of `OnlineConfig`. The command line,
 `--help`, validation, per-algorithm defaults, the JSON "settings" block and the default output folder
-are derived from these declarations (lab_settings.py says how).
+are derived from these declarations (lab/settings.py says how).
 
     cfg = resolve({"algorithm": "cispo", "reduction": "token"})   # an OnlineConfig, or SettingError
     cfg.epsilon_high                                              # 5.0: CISPO's own default
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from lab_settings import SEED, STEPS, SettingError, check_value, declared, setting
+from lab.settings import SEED, STEPS, SettingError, check_value, declared, setting
 from online_algorithms import LOSS_KL_ESTIMATORS, RATIO_CORRECTED_KL
 from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS

@@ -27,21 +27,16 @@ Shape notation (as in rl_lab.py): B prompts, G group size, N = B*G responses, R 
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
 
-    exit_quietly_on_signals()
+import torch
 
-import dataclasses  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-import torch  # noqa: E402
-
-from lab_checks import exp_limit, torch_threads, training_mode  # noqa: E402
-from lab_io import (  # noqa: E402
+from lab.checks import exp_limit, torch_threads, training_mode
+from lab.io import (
     OneLineErrorParser,
     Progress,
     csv_text,
@@ -52,14 +47,14 @@ from lab_io import (  # noqa: E402
     separate_outputs_or_exit,
     write_files,
 )
-from library_export import export_trl, export_verl  # noqa: E402
-from lab_settings import SettingError, add_arguments, given_options, help_text  # noqa: E402
-from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of  # noqa: E402
-from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block  # noqa: E402
-import policies  # noqa: E402
-from policies import POLICIES, entropies, logps_of_tokens  # noqa: E402
-from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty  # noqa: E402
-from tasks import TASKS  # noqa: E402
+from library_export import export_trl, export_verl
+from lab.settings import SettingError, add_arguments, given_options, help_text
+from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of
+from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block
+import policies
+from policies import POLICIES, entropies, logps_of_tokens
+from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty
+from tasks import TASKS
 
 MAX_GRAD_NORM = 1.0
 EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
@@ -509,7 +504,7 @@ def train(**options):
 
 
 @training_mode()
-@torch_threads(1)  # tiny tensors: more threads only wait for each other (see lab_checks.torch_threads)
+@torch_threads(1)  # tiny tensors: more threads only wait for each other (see lab.checks.torch_threads)
 def run(state, observe=None):
     """The training loop of `train` on a prepared `setup` Run: (rows, report).
 

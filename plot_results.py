@@ -20,26 +20,21 @@ PLOTTERS, plus the file that marks its folders in FOLDER_MARKERS.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while matplotlib loads below ends with one line
-    from lab_start import exit_quietly_on_signals
+import argparse
+import collections
+import csv
+import dataclasses
+import io
+import json
+import logging
+import math
+import os
+import re
+import sys
+import textwrap
+import warnings
 
-    exit_quietly_on_signals()
-
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import csv  # noqa: E402
-import dataclasses  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import textwrap  # noqa: E402
-import warnings  # noqa: E402
-
-from lab_io import (  # noqa: E402
+from lab.io import (
     MAX_INPUT_BYTES,
     OneLineErrorParser,
     input_file_problem,
@@ -54,20 +49,20 @@ from lab_io import (  # noqa: E402
 _matplotlib_log = logging.getLogger("matplotlib")
 _previous_level = _matplotlib_log.level
 _matplotlib_log.setLevel(logging.ERROR)
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")  # files only, no screen needed
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402  (installed with matplotlib)
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.colors import to_rgb  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullLocator  # noqa: E402
+import matplotlib.pyplot as plt  # the backend must be chosen first
+import numpy as np  # installed with matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, NullLocator
 
 _matplotlib_log.setLevel(_previous_level)
 
-from online_registry import ALGORITHMS, COLORS  # noqa: E402  (no torch: the registry names its atoms)
+from online_registry import ALGORITHMS, COLORS  # no torch: the registry names its atoms
 
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 ONLINE_ALGORITHMS = ALGORITHMS  # online_tokens.ALGORITHMS, in figure order

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lab_checks import check_tensor
+from lab.checks import check_tensor
 import sft
 from tasks import TASKS
 from tiny_lm import TinyLM, generate, shared_prompt_logits

@@ -19,21 +19,16 @@ Shape notation (as in rl_lab.py): S states, A actions, E episodes per batch, T =
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import os
+import sys
 
-    exit_quietly_on_signals()
+import torch
+import torch.nn.functional as F
 
-import argparse  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from lab_checks import check_int, check_real, check_tensor, torch_threads, training_mode  # noqa: E402
-from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
-from lab_io import (  # noqa: E402
+from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
+from lab.settings import SEED, STEPS, add_shared_argument
+from lab.io import (
     OneLineErrorParser,
     csv_text,
     float_flag,
@@ -42,7 +37,7 @@ from lab_io import (  # noqa: E402
     run_cli,
     write_files,
 )
-from rl_lab import DEVICE, DTYPE, MAX_STEPS, SEED_LIMIT, categorical_kl, clipped_policy_loss, gae  # noqa: E402
+from rl_lab import DEVICE, DTYPE, MAX_STEPS, SEED_LIMIT, categorical_kl, clipped_policy_loss, gae
 
 # ---------------------------------------------------------------------------------------------
 # Setup

@@ -15,21 +15,16 @@ responses, T tokens (or time steps), V vocabulary, X contexts, A actions, R resp
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import dataclasses
+import math
+import os
+import sys
 
-    exit_quietly_on_signals()
+import torch
+import torch.nn.functional as F
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from lab_checks import (  # noqa: E402
+from lab.checks import (
     check_choice,
     check_int,
     exp_limit,
@@ -43,8 +38,8 @@ from lab_checks import (  # noqa: E402
     torch_threads,
     training_mode,
 )
-from lab_settings import SEED, STEPS, add_shared_argument  # noqa: E402
-from lab_io import (  # noqa: E402
+from lab.settings import SEED, STEPS, add_shared_argument
+from lab.io import (
     OneLineErrorParser,
     csv_text,
     float_flag,

@@ -24,26 +24,21 @@ R response positions, right-padded), V vocabulary; S samples per prompt.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import stat
+import sys
+import time
 
-    exit_quietly_on_signals()
+import torch
 
-import dataclasses  # noqa: E402
-import hashlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import stat  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-from countdown import CountdownTask, pass_at_k  # noqa: E402
-from lab_checks import check_int, check_real, check_tensor, torch_threads, training_mode  # noqa: E402
-from lab_io import (  # noqa: E402
+from countdown import CountdownTask, pass_at_k
+from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
+from lab.io import (
     OneLineErrorParser,
     Progress,
     int_flag,
@@ -52,7 +47,7 @@ from lab_io import (  # noqa: E402
     run_cli,
     write_files,
 )
-from lab_settings import (  # noqa: E402
+from lab.settings import (
     SEED_LIMIT,
     SettingError,
     add_arguments,
@@ -61,7 +56,7 @@ from lab_settings import (  # noqa: E402
     given_options,
     setting,
 )
-from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate  # noqa: E402
+from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate
 
 # ---------------------------------------------------------------------------------------------
 # Settings
@@ -90,7 +85,7 @@ class SFTConfig:
     """The settings of one SFT warm start; with the task's settings they are the cache key.
 
     JSON round trip: `SFTConfig(**json.loads(json.dumps(dataclasses.asdict(config))))`. Every field is
-    checked when the object is built; a bad value raises `lab_settings.SettingError` (a ValueError whose
+    checked when the object is built; a bad value raises `lab.settings.SettingError` (a ValueError whose
     message starts with the field's name). The model's vocabulary comes from the task, and so does its
     number of positions unless `max_len` is given.
     """

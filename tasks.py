@@ -29,7 +29,7 @@ import functools
 import torch
 
 from countdown import CountdownConfig, CountdownTask
-from lab_checks import check_int
+from lab.checks import check_int
 
 DTYPE = torch.float64
 

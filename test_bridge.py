@@ -23,7 +23,7 @@ import bridge
 import library_export
 import online_tokens
 from online_settings import SETTINGS
-from lab_testing import HERE, run_main, single_thread_module
+from lab.testing import HERE, run_main, single_thread_module
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks
 
 try:

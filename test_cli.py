@@ -25,7 +25,7 @@ import ppo_chain
 import rl_lab
 import sft
 import token_objectives
-from lab_testing import HERE, run_main, single_thread_module
+from lab.testing import HERE, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 

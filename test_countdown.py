@@ -14,7 +14,7 @@ from fractions import Fraction
 import torch
 
 from countdown import IMPERFECT_KINDS, PASS_AT_K_MAX_SAMPLES, CountdownConfig, CountdownTask, pass_at_k
-from lab_testing import single_thread_module
+from lab.testing import single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 

@@ -21,8 +21,8 @@ import countdown
 import course
 import plot_course
 import rl_lab
-from lab_io import json_text
-from lab_testing import HERE, committed_differences, describe_differences, run_main, single_thread_module
+from lab.io import json_text
+from lab.testing import HERE, committed_differences, describe_differences, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()
 

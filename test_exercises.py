@@ -22,8 +22,8 @@ import exercise_cases
 import exercises
 import rl_lab
 from exercise_cases import BY_NAME, EXERCISES
-from lab_io import MAX_INPUT_BYTES
-from lab_testing import HERE, run_cli_in_process, run_main, single_thread_module
+from lab.io import MAX_INPUT_BYTES
+from lab.testing import HERE, run_cli_in_process, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 

@@ -25,7 +25,7 @@ import experiments
 import online_tokens
 import plot_results
 from policies import TablePolicy, logps_of_tokens
-from lab_testing import HERE, ForkedProgram, run_main, single_thread_module
+from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
@@ -344,7 +344,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
 # die; the test stops it from outside. Each prints "worker <pid>" when its run starts. The child is forked
-# from this process (lab_testing.ForkedProgram): a process with its own signals, exit status and workers,
+# from this process (lab.testing.ForkedProgram): a process with its own signals, exit status and workers,
 # without the seconds of a fresh interpreter importing torch.
 def _stall(seed):
     os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe

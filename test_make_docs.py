@@ -18,7 +18,7 @@ import unittest
 
 import experiments
 import make_docs
-from lab_testing import HERE, run_main, single_thread_module
+from lab.testing import HERE, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # the atoms' demo values run on one torch thread
 README = os.path.join(HERE, "README.txt")

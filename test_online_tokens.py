@@ -19,7 +19,7 @@ import library_export
 import online_tokens
 import sft
 from countdown import CountdownTask
-from lab_testing import float64, parallel_calls, run_main, single_thread_module
+from lab.testing import float64, parallel_calls, run_main, single_thread_module
 import online_algorithms
 import online_registry
 import rl_lab

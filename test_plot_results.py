@@ -13,13 +13,13 @@ import sys
 import tempfile
 import unittest
 
-import lab_io
+from lab import io as lab_io
 import matplotlib.colors
 import online_tokens
 import plot_results
 import ppo_chain
 import rl_lab
-from lab_testing import HERE, parallel_calls, run_main
+from lab.testing import HERE, parallel_calls, run_main
 
 # ---------------------------------------------------------------------------------------------
 # Figures (plot_results.py) and the committed reference results

@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 
 import ppo_chain
-from lab_testing import float64, run_main, shared_calls, single_thread_module
+from lab.testing import float64, run_main, shared_calls, single_thread_module
 from rl_lab import DTYPE, SEED_LIMIT
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train

@@ -17,8 +17,8 @@ import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
-from lab_io import csv_text, json_text
-from lab_testing import (HERE, committed_differences, describe_differences, shared_calls, single_thread_module,
+from lab.io import csv_text, json_text
+from lab.testing import (HERE, committed_differences, describe_differences, shared_calls, single_thread_module,
                          value_differences)
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train

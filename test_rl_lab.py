@@ -17,13 +17,13 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-import lab_io
+from lab import io as lab_io
 import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
-from lab_checks import torch_threads, training_mode
-from lab_testing import float64, run_main, shared_calls, single_thread_module
+from lab.checks import torch_threads, training_mode
+from lab.testing import float64, run_main, shared_calls, single_thread_module
 from rl_lab import (
     DTYPE,
     categorical_kl,

@@ -18,11 +18,11 @@ from unittest import mock
 import torch
 import torch.nn as nn
 
-import lab_io
+from lab import io as lab_io
 import sft
 from countdown import CountdownConfig, CountdownTask, pass_at_k
-from lab_io import json_text
-from lab_testing import run_cli_in_process, run_main, single_thread_module
+from lab.io import json_text
+from lab.testing import run_cli_in_process, run_main, single_thread_module
 from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, generate
 
 _one_thread, tearDownModule = single_thread_module()  # one torch thread, as the drivers train

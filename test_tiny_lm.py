@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import policies
-from lab_testing import float64, single_thread_module
+from lab.testing import float64, single_thread_module
 from rl_lab import response_token_logps
 from tiny_lm import (
     KVCache,

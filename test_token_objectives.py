@@ -13,8 +13,8 @@ import unittest
 import torch
 
 import token_objectives
-from lab_io import json_text
-from lab_testing import float64, run_main, single_thread_module
+from lab.io import json_text
+from lab.testing import float64, run_main, single_thread_module
 from rl_lab import DTYPE, completion_mask
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lab_checks import FLOAT_DTYPES, check_int, check_real, check_same_shape, check_tensor
+from lab.checks import FLOAT_DTYPES, check_int, check_real, check_same_shape, check_tensor
 
 # ---------------------------------------------------------------------------------------------
 # Config

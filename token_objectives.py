@@ -23,18 +23,13 @@ P prompt tokens, R completion positions.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # first: a Ctrl-C while torch loads below ends with one line, not a traceback
-    from lab_start import exit_quietly_on_signals
+import argparse
+import math
+import sys
 
-    exit_quietly_on_signals()
+import torch
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import sys  # noqa: E402
-
-import torch  # noqa: E402
-
-from lab_checks import (  # noqa: E402
+from lab.checks import (
     check_int,
     check_same_dtype,
     check_same_shape,
@@ -42,8 +37,8 @@ from lab_checks import (  # noqa: E402
     torch_threads,
     training_mode,
 )
-from lab_io import OneLineErrorParser, json_text, output_file_or_exit, run_cli, write_files  # noqa: E402
-from rl_lab import (  # noqa: E402
+from lab.io import OneLineErrorParser, json_text, output_file_or_exit, run_cli, write_files
+from rl_lab import (
     DEVICE,
     DTYPE,
     categorical_kl,

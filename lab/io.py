@@ -36,7 +36,6 @@ import sys
 import threading
 import uuid
 
-from lab_start import _exit_at_once  # the start-up handler, which run_cli replaces
 
 TEMPORARY_PREFIX = ".rl-lab-tmp-"
 _TEMPORARY_NAME = re.compile(r"\.rl-lab-tmp-([0-9]+)-([0-9a-f]{12})\Z")  # a stage: <pid>-<token>
@@ -668,12 +667,8 @@ def run_cli(main_function):
         return _run(main_function)
     finally:
         sys.unraisablehook = previous_unraisablehook
-        for signum, handler in previous_handlers.items():
-            if handler is _exit_at_once:  # a program started by lab_start, whose run has ended: a stop signal
-                # now changes nothing (the default action would kill it without a word, at the interpreter's exit)
-                signal.signal(signum, signal.SIG_IGN)
-            else:  # as found: a caller that runs main() in-process (the tests) keeps its own handlers
-                signal.signal(signum, handler)
+        for signum, handler in previous_handlers.items():  # as found: a caller running main() in-process
+            signal.signal(signum, handler)
 
 
 def _run(main_function):

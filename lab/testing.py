@@ -24,7 +24,7 @@ import time
 import traceback
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the lab's folder, above lab/
 # Committed and published floats are compared with this relative tolerance, never byte for byte: another
 # CPU (or another BLAS path) may round a reduction differently in the 16th-17th significant digit, e.g.
 # 0.668435395925845 here and 0.6684353959258452 on an AVX2 machine. Two runs on one machine are compared
@@ -37,7 +37,7 @@ COMMITTED_ATOL = 1e-15
 def single_thread_module():
     """(setUpModule, tearDownModule) for a test file: one torch thread while its tests run, as the
     drivers train (the tensors are tiny), and the caller's thread count restored afterwards."""
-    from lab_checks import torch_threads
+    from lab.checks import torch_threads
 
     guard = torch_threads(1)
     return (lambda: guard.__enter__()), (lambda: guard.__exit__(None, None, None))
@@ -66,7 +66,7 @@ def run_main(main, argv, env=None):
 
 def run_cli_in_process(main, argv, env=None):
     """Run main(argv) under lab_io.run_cli, as the program would run; return (status, stdout, stderr)."""
-    import lab_io
+    from lab import io as lab_io
 
     return run_main(lambda args: lab_io.run_cli(lambda: main(args)), argv, env)
 
@@ -152,7 +152,7 @@ def describe_differences(relative, found):
 
 def _call(job):
     module, function, args, kwargs = job
-    from lab_checks import torch_threads
+    from lab.checks import torch_threads
 
     with torch_threads(1):
         return getattr(importlib.import_module(module), function)(*args, **kwargs)
@@ -219,7 +219,7 @@ class ForkedProgram:
                 sys.stdin = open(0, closefd=False)
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
-                import lab_io
+                from lab import io as lab_io
 
                 result = lab_io.run_cli(function)
                 status = 0 if result is None else result  # as sys.exit reads it
