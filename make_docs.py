@@ -503,9 +503,12 @@ def test_files(root):
 
 
 def citations(root):
-    """{arXiv id: sorted files that cite it} over the lab's Python files and the atlas's settings."""
+    """{arXiv id: sorted files that cite it} over the lab's Python files (the atlas/ package's too) and the
+    atlas's settings."""
     found = {}
     names = sorted(name for name in os.listdir(root) if name.endswith(".py"))
+    names += sorted(os.path.join("atlas", name) for name in os.listdir(os.path.join(root, "atlas"))
+                    if name.endswith(".py"))
     names += [os.path.join(ATLAS, folder, "settings.json") for folder in experiment_folders(root)]
     for name in names:
         if name == "make_docs.py":
@@ -687,23 +690,13 @@ class Experiment:
 
 
 def atlas_table(root):
-    """The verdict table: experiments.atlas_markdown when the atlas provides it, else one row per folder
-    (claim, source) rendered from its settings.json. Experiment names link to their pages."""
-    experiments = importlib.import_module("experiments")
+    """The verdict table of atlas/engine.py's atlas_markdown, with a verdict column for each committed
+    held-out seed set (results-experiments-start<S>). Experiment names link to their pages."""
+    engine = importlib.import_module("atlas.engine")
     names = experiment_folders(root)
-    if hasattr(experiments, "atlas_markdown"):
-        # the committed held-out seed sets (results-experiments-start<S>) get a verdict column each
-        held_out = sorted(os.path.join(root, name) for name in os.listdir(root)
-                          if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
-        text = experiments.atlas_markdown(os.path.join(root, ATLAS), held_out=held_out).strip()
-    else:
-        lines = ["| experiment | claim | source | verdict |", "|---|---|---|---|"]
-        for name in names:
-            experiment = Experiment(root, name)
-            judged = [claim.get("verdict") for claim in experiment.get("claims", []) if isinstance(claim, dict)]
-            lines.append(f"| {name} | {escape(experiment.get('claim'))} | {escape(experiment.get('source'))} "
-                         f"| {', '.join(judged) or 'not judged'} |")
-        text = "\n".join(lines)
+    held_out = sorted(os.path.join(root, name) for name in os.listdir(root)
+                      if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
+    text = engine.atlas_markdown(os.path.join(root, ATLAS), held_out=held_out).strip()
     linked = []
     for line in text.splitlines():
         cells = line.split(" | ")

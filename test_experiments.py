@@ -24,6 +24,7 @@ import torch
 import experiments
 import online_tokens
 import plot_results
+from atlas import catalog, claims, engine, exact as enumeration, runners, stats
 from policies import TablePolicy, logps_of_tokens
 from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
 
@@ -38,7 +39,7 @@ class ExactIdentities(unittest.TestCase):
     def test_kl_estimator_values_and_expected_gradients(self):
         for distance in ("near", "far"):
             with self.subTest(distance=distance):
-                metrics = experiments.run_kl_estimators(0, distance)["metrics"]
+                metrics = runners.run_kl_estimators(0, distance)["metrics"]
                 self.assertLess(abs(metrics["k1_relative_bias"]), 1e-12)
                 self.assertLess(abs(metrics["k3_relative_bias"]), 1e-12)
                 self.assertGreater(abs(metrics["k2_relative_bias"]), 1e-3)
@@ -48,7 +49,7 @@ class ExactIdentities(unittest.TestCase):
                 self.assertGreater(metrics["k3_grad_error_kl_pi_ref"], 1e-3)  # and not the other direction
 
     def test_microbatch_gradients(self):
-        metrics = experiments.run_microbatch(0)["metrics"]
+        metrics = runners.run_microbatch(0)["metrics"]
         self.assertGreater(metrics["length_spread"], 0)  # the batch's answers differ in length
         for micro in (1, 2, 4):
             with self.subTest(micro_batches=micro):
@@ -60,7 +61,7 @@ class ExactIdentities(unittest.TestCase):
         self.assertGreater(metrics["token_local_m4"], 1e-3)
 
     def test_std_scaling_weight_table(self):
-        columns, rows = experiments.std_scaling_table()
+        columns, rows = enumeration.std_scaling_table()
         one = rows[1]  # 1 success of 8: (1 - 1/8) / sqrt(1/8 * 7/8) = sqrt(7)
         self.assertAlmostEqual(one["group_success_advantage"], math.sqrt(7.0), places=6)
         self.assertAlmostEqual(one["none_success_advantage"], 0.875, places=15)
@@ -74,15 +75,15 @@ class ExactIdentities(unittest.TestCase):
 
     def test_exact_reward_distribution_of_the_uniform_policy(self):
         state = online_tokens.setup()
-        distribution = experiments.reward_distribution(state)
+        distribution = enumeration.reward_distribution(state)
         torch.testing.assert_close(distribution.sum(dim=1), torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-14)
         # prompt 0, answer "0": "0 EOS" has 1/9; "0" then four more digits (no EOS, cut) has (1/3)(2/3)**4
         self.assertAlmostEqual(distribution[0, 2].item(), 1 / 9, places=15)
         self.assertAlmostEqual(distribution[0, 1].item(), (1 / 3) * (2 / 3) ** 4, places=15)
 
     def test_a_reward_shift_leaves_group_advantages_and_moves_ppos(self):
-        grpo = experiments.run_reward_shift(0, "grpo", 5.0, steps=2)["metrics"]
-        ppo = experiments.run_reward_shift(0, "ppo", 5.0, steps=2)["metrics"]
+        grpo = runners.run_reward_shift(0, "grpo", 5.0, steps=2)["metrics"]
+        ppo = runners.run_reward_shift(0, "ppo", 5.0, steps=2)["metrics"]
         self.assertLess(grpo["advantage_change"], 1e-12)
         self.assertAlmostEqual(ppo["advantage_change"], 5.0, places=12)
 
@@ -91,60 +92,60 @@ class ExactIdentities(unittest.TestCase):
 class Statistics(unittest.TestCase):
     def test_t_quantiles_match_hand_values_and_the_normal_limit(self):
         # df 1: the Cauchy, P(|T| <= t) = 2 atan(t) / pi, so t = tan(0.95 pi / 2); df 2: P = t / sqrt(t^2 + 2)
-        self.assertAlmostEqual(experiments.t_quantile(1), math.tan(0.95 * math.pi / 2), places=9)
-        self.assertAlmostEqual(experiments.t_quantile(2), 0.95 * math.sqrt(2) / math.sqrt(1 - 0.95**2), places=9)
+        self.assertAlmostEqual(stats.t_quantile(1), math.tan(0.95 * math.pi / 2), places=9)
+        self.assertAlmostEqual(stats.t_quantile(2), 0.95 * math.sqrt(2) / math.sqrt(1 - 0.95**2), places=9)
         for df, published in ((4, 2.776445105), (9, 2.262157163), (19, 2.093024054), (30, 2.042272456)):
             with self.subTest(df=df):
-                self.assertAlmostEqual(experiments.t_quantile(df), published, places=8)
-        self.assertAlmostEqual(experiments.t_quantile(100000), experiments.Z_95, places=4)
-        self.assertAlmostEqual(experiments.t_quantile(3, level=0.9), 2.353363435, places=8)
+                self.assertAlmostEqual(stats.t_quantile(df), published, places=8)
+        self.assertAlmostEqual(stats.t_quantile(100000), stats.Z_95, places=4)
+        self.assertAlmostEqual(stats.t_quantile(3, level=0.9), 2.353363435, places=8)
         for bad in (0, 1.5, True):
             with self.subTest(df=bad), self.assertRaisesRegex(ValueError, "df"):
-                experiments.t_quantile(bad)
+                stats.t_quantile(bad)
 
     def test_mean_interval_and_wilson_interval_by_hand(self):
-        mean, low, high = experiments.mean_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+        mean, low, high = stats.mean_interval([1.0, 2.0, 3.0, 4.0, 5.0])
         half = 2.776445105 * math.sqrt(2.5) / math.sqrt(5)  # t(4) * sample std / sqrt(n)
         self.assertEqual(mean, 3.0)
         self.assertAlmostEqual(low, 3.0 - half, places=8)
         self.assertAlmostEqual(high, 3.0 + half, places=8)
-        self.assertEqual(experiments.mean_interval([0.7]), (0.7, None, None))  # one seed: no spread, no interval
+        self.assertEqual(stats.mean_interval([0.7]), (0.7, None, None))  # one seed: no spread, no interval
         # 0 of 5: centre and half-width are both (z^2 / 10) / (1 + z^2 / 5)
-        z2 = experiments.Z_95**2
-        self.assertEqual(experiments.wilson_interval(0, 5)[0], 0.0)
-        self.assertAlmostEqual(experiments.wilson_interval(0, 5)[1], 2 * (z2 / 10) / (1 + z2 / 5), places=12)
-        low, high = experiments.wilson_interval(4, 5)
+        z2 = stats.Z_95**2
+        self.assertEqual(stats.wilson_interval(0, 5)[0], 0.0)
+        self.assertAlmostEqual(stats.wilson_interval(0, 5)[1], 2 * (z2 / 10) / (1 + z2 / 5), places=12)
+        low, high = stats.wilson_interval(4, 5)
         self.assertTrue(0.3 < low < 0.8 < high <= 1.0)
 
     def test_paired_comparison_leaves_out_seeds_without_a_value_and_counts_signs(self):
         by_seed = {seed: {"a": {"iterations_to_0.9": a}, "b": {"iterations_to_0.9": b}}
                    for seed, (a, b) in enumerate([(12, 10), (9, 11), (15, 10), (None, 8), (11, 11)])}
-        result = experiments.paired_comparison(by_seed, "iterations_to_0.9", "a", "b")
+        result = stats.paired_comparison(by_seed, "iterations_to_0.9", "a", "b")
         self.assertEqual([item["difference"] for item in result["per_seed"]], [2, -2, 5, 0])
         self.assertEqual((result["seeds"], result["left_out"]), (4, 1))  # seed 3 never reached: left out, not -1
         self.assertEqual((result["first_greater"], result["second_greater"]), (2, 1))
         self.assertEqual(result["mean_difference"], 1.25)
-        half = experiments.t_quantile(3) * statistics.stdev([2, -2, 5, 0]) / 2
+        half = stats.t_quantile(3) * statistics.stdev([2, -2, 5, 0]) / 2
         self.assertAlmostEqual(result["interval"][1] - 1.25, half, places=12)
 
     def test_never_reached_runs_are_counted_and_left_out_of_the_means(self):
-        experiment = experiments.Experiment("x", "", "", "", [({"n": 1}, "run_online", {})],
+        experiment = catalog.Experiment("x", "", "", "", [({"n": 1}, "run_online", {})],
                                             ["iterations_to_0.9", "final_success_probability"])
-        jobs = experiments.jobs_of(experiment, [0, 1, 2])
+        jobs = engine.jobs_of(experiment, [0, 1, 2])
         results = [{"metrics": {"iterations_to_0.9": value, "final_success_probability": 0.5}, "curve": []}
                    for value in (10, None, 14)]
-        (runs, _), _, (summary, columns) = experiments.summarize(experiment, jobs, results)
+        (runs, _), _, (summary, columns) = engine.summarize(experiment, jobs, results)
         self.assertIsNone(runs[1]["iterations_to_0.9"])  # an empty cell in runs.csv
         row = summary[0]
         self.assertEqual((row["iterations_to_0.9_mean"], row["iterations_to_0.9_min"]), (12.0, 10))
         self.assertEqual(row["iterations_to_0.9_never"], 1)
         self.assertNotIn("final_success_probability_never", columns)
-        markdown = experiments.summary_markdown(experiment, [0, 1, 2], summary, [])
+        markdown = engine.summary_markdown(experiment, [0, 1, 2], summary, [])
         self.assertIn("| 12.0000 +- 2.8284 [10, 14]; 1 of 3 never reached 0.9 |", markdown)
         all_never = [{"metrics": {"iterations_to_0.9": None, "final_success_probability": 0.5}, "curve": []}] * 3
-        row = experiments.summarize(experiment, jobs, all_never)[2][0][0]
+        row = engine.summarize(experiment, jobs, all_never)[2][0][0]
         self.assertIsNone(row["iterations_to_0.9_mean"])
-        self.assertIn("never reached 0.9 (3 of 3)", experiments.summary_markdown(experiment, [0, 1, 2], [row], []))
+        self.assertIn("never reached 0.9 (3 of 3)", engine.summary_markdown(experiment, [0, 1, 2], [row], []))
 
 
 def seeds_of(values, configuration="a", metric="m"):
@@ -153,7 +154,7 @@ def seeds_of(values, configuration="a", metric="m"):
 
 class Verdicts(unittest.TestCase):
     def verdict(self, values, **claim):
-        return experiments.check_claim(experiments.Claim("c", lambda runs: runs["a"]["m"], **claim), seeds_of(values))
+        return claims.check_claim(claims.Claim("c", lambda runs: runs["a"]["m"], **claim), seeds_of(values))
 
     def test_a_paired_difference_holds_fails_or_is_within_noise(self):
         holds = self.verdict([0.10, 0.20, 0.15, 0.12, 0.18], test="greater", at_least=0.8)
@@ -172,7 +173,7 @@ class Verdicts(unittest.TestCase):
     def test_a_count_needs_its_share_of_seeds_and_reports_wilson(self):
         four = self.verdict([True, True, False, True, True], at_least=0.8)
         self.assertEqual((four["verdict"], four["count"], four["required"]), ("holds", "4 of 5 seeds", 4))
-        self.assertEqual(four["interval"], list(experiments.wilson_interval(4, 5)))
+        self.assertEqual(four["interval"], list(stats.wilson_interval(4, 5)))
         self.assertEqual(self.verdict([True, True, False, True, False], at_least=0.8)["verdict"], "does not hold")
         self.assertEqual(self.verdict([True] * 4 + [False])["verdict"], "does not hold")  # every seed by default
         some = self.verdict([False] * 9 + [True], at_least=0.0)  # at_least 0: one seed suffices
@@ -189,7 +190,7 @@ class Verdicts(unittest.TestCase):
     def test_seeds_without_a_value_are_left_out_and_counted(self):
         verdict = self.verdict([0.1, None, 0.2, 0.15, 0.12], test="greater", at_least=0.8)
         self.assertEqual((verdict["seeds"], verdict["undefined"], verdict["verdict"]), (4, 1, "holds"))
-        self.assertIn("1 left out", experiments.count_text(verdict))
+        self.assertIn("1 left out", claims.count_text(verdict))
         self.assertEqual(verdict["needs"], "4 of 4 above 0, interval above 0")
 
     def test_a_claim_no_seed_has_a_value_for_says_so_instead_of_needing_1_of_0(self):
@@ -198,10 +199,10 @@ class Verdicts(unittest.TestCase):
                 verdict = self.verdict([None, None, None], test=test, margin=margin)
                 self.assertEqual((verdict["seeds"], verdict["undefined"]), (0, 3))
                 self.assertEqual(verdict["needs"], "a seed with a value, and none has one")
-                self.assertTrue(experiments.count_text(verdict).endswith("(3 left out: never reached)"))
+                self.assertTrue(claims.count_text(verdict).endswith("(3 left out: never reached)"))
 
     def test_an_exact_claim_and_the_atlas_table(self):
-        exact = experiments.check_claim(experiments.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
+        exact = claims.check_claim(claims.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
         self.assertEqual((exact["verdict"], exact["count"]), ("holds", "exact, no seeds"))
         with tempfile.TemporaryDirectory() as folder:
             settings = {"experiment": "x", "seeds": [0, 1, 2, 3, 4], "claims": [
@@ -209,7 +210,7 @@ class Verdicts(unittest.TestCase):
             os.makedirs(os.path.join(folder, "x"))
             with open(os.path.join(folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
                 json.dump(settings, handle)
-            table = experiments.atlas_markdown(folder, held_out=[folder]).splitlines()
+            table = engine.atlas_markdown(folder, held_out=[folder]).splitlines()
         self.assertEqual(table[0], "| experiment | claim | needs | verdict (seeds from 0) | mean or share [95% interval] "
                                    "| verdict (seeds from 0) |")
         self.assertTrue(table[2].startswith("| x | c | 4 of 5 above 0, interval above 0 | holds, 5 of 5 seeds above 0 | "
@@ -222,33 +223,33 @@ class ExactExpectations(unittest.TestCase):
         self.state = online_tokens.setup()
         generator = torch.Generator().manual_seed(3)
         self.table = torch.randn(self.state.policy.table.shape, dtype=torch.float64, generator=generator)
-        self.responses = experiments.all_responses(self.state.task, 5)
+        self.responses = enumeration.all_responses(self.state.task, 5)
 
     def test_the_enumeration_covers_every_response_once(self):
         self.assertEqual(self.responses.prompts.numel(), 6 * (1 + 2 + 4 + 8 + 16 + 32))  # EOS after 0..4 digits, or 5
-        probabilities = experiments.token_logps(self.table, self.responses, 1.0).sum(dim=1).exp()
+        probabilities = enumeration.token_logps(self.table, self.responses, 1.0).sum(dim=1).exp()
         totals = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, probabilities)
         torch.testing.assert_close(totals, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-13)
         # a top-p sampler never writes a token outside its nucleus: its responses still sum to 1
-        nucleus = experiments.token_logps(self.table, self.responses, 1.0, top_p=0.8).sum(dim=1).exp()
+        nucleus = enumeration.token_logps(self.table, self.responses, 1.0, top_p=0.8).sum(dim=1).exp()
         totals = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, nucleus)
         torch.testing.assert_close(totals, torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-13)
         self.assertGreater(int((nucleus == 0).sum()), 0)
 
     def test_on_policy_the_expected_estimate_is_the_exact_gradient(self):
-        exact, estimated = experiments.expected_policy_gradients(self.table, self.responses, 1.0)
+        exact, estimated = enumeration.expected_policy_gradients(self.table, self.responses, 1.0)
         self.assertGreater(exact.norm().item(), 1e-3)
         self.assertLess((estimated - exact).norm().item() / exact.norm().item(), 1e-12)
-        self.assertLess(experiments.policy_gradient_bias(self.table, self.responses, 1.0, 1.0, None, 2.0), 1e-12)
+        self.assertLess(enumeration.policy_gradient_bias(self.table, self.responses, 1.0, 1.0, None, 2.0), 1e-12)
 
     def test_the_expected_estimate_of_a_mismatched_sampler_matches_monte_carlo(self):
-        exact, expected = experiments.expected_policy_gradients(self.table, self.responses, 1.0, 1.5, None, 2.0)
+        exact, expected = enumeration.expected_policy_gradients(self.table, self.responses, 1.0, 1.5, None, 2.0)
         # the same estimate averaged over 20000 responses drawn at temperature 1.5, TIS weights capped at 2
         generator = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, 6, (20000,), generator=generator)
         samples = TablePolicy(self.table, 1.0, self.state.task.eos_id).sample(prompts, generator, temperature=1.5)
         rewards = self.state.task.rewards(prompts, samples.completion_ids, samples.real, samples.truncated)
-        q = experiments.token_logps(self.table, self.responses, 1.5).sum(dim=1).exp()
+        q = enumeration.token_logps(self.table, self.responses, 1.5).sum(dim=1).exp()
         baseline = torch.zeros(6, dtype=torch.float64).index_add_(0, self.responses.prompts, q * self.responses.rewards)
         leaf = self.table.clone().requires_grad_(True)
         logits = TablePolicy(leaf, 1.0, self.state.task.eos_id).logits(prompts, samples.completion_ids)
@@ -265,39 +266,39 @@ class ExactExpectations(unittest.TestCase):
                 state = online_tokens.setup(max_new_tokens=length)
                 state.policy.table.data.copy_(torch.randn(state.policy.table.shape, dtype=torch.float64,
                                                           generator=torch.Generator().manual_seed(length)))
-                responses = experiments.all_responses(state.task, length)
-                probabilities = experiments.response_probabilities(state, responses)
+                responses = enumeration.all_responses(state.task, length)
+                probabilities = enumeration.response_probabilities(state, responses)
                 wrong = responses.rewards != 1.0
                 enumerated = ((probabilities * responses.lengths)[wrong].sum() / probabilities[wrong].sum()).item()
-                self.assertAlmostEqual(experiments.expected_wrong_length(state), enumerated, places=12)
+                self.assertAlmostEqual(enumeration.expected_wrong_length(state), enumerated, places=12)
 
 
 class MechanismsAtReducedSize(unittest.TestCase):
     def test_zero_variance_is_predicted_by_the_exact_reward_distribution(self):
-        result = experiments.run_zero_variance(0, group_size=4, prompts=16, steps=12)
+        result = runners.run_zero_variance(0, group_size=4, prompts=16, steps=12)
         curve = result["curve"]
         measured = math.fsum(point["zero_group_fraction"] for point in curve) / len(curve)
         predicted = math.fsum(point["predicted_zero_group_fraction"] for point in curve) / len(curve)
         self.assertLess(abs(measured - predicted), 0.1)
-        dynamic = experiments.run_zero_variance(0, group_size=8, prompts=8, steps=12, dynamic_sampling=True)
+        dynamic = runners.run_zero_variance(0, group_size=8, prompts=8, steps=12, dynamic_sampling=True)
         self.assertLess(dynamic["metrics"]["zero_group_fraction"], 0.3)  # the tied groups were resampled away
         self.assertGreater(dynamic["metrics"]["responses_sampled"], 12 * 64)  # and paid for
 
     def test_more_updates_per_batch_clip_more(self):
-        one = experiments.run_online(0, algorithm="gspo", updates_per_batch=1, steps=15)["metrics"]
-        eight = experiments.run_online(0, algorithm="gspo", updates_per_batch=8, steps=15)["metrics"]
+        one = runners.run_online(0, algorithm="gspo", updates_per_batch=1, steps=15)["metrics"]
+        eight = runners.run_online(0, algorithm="gspo", updates_per_batch=8, steps=15)["metrics"]
         self.assertEqual(one["clip_fraction"], 0.0)  # one step per batch: every ratio is exactly 1
         self.assertGreater(eight["clip_fraction"], 0.1)
 
     def test_every_experiment_writes_its_schema_at_quick_size(self):
-        table = {name: experiments.at_quick_size(experiment) for name, experiment in experiments.experiments().items()}
+        table = {name: engine.at_quick_size(experiment) for name, experiment in catalog.experiments().items()}
         seen = {}
 
         def finished(name, experiment, seeds, jobs, results):
             # here, while the workers run the next experiments: the files, and the figure they draw (built, not
             # saved: writing the SVG is matplotlib's work, seconds for the 22 and the same for every experiment;
             # CommandLine writes one, test_plot_results checks the bytes)
-            files = experiments.experiment_files(experiment, seeds, jobs, results, name)
+            files = engine.experiment_files(experiment, seeds, jobs, results, name)
             settings = json.loads(files[os.path.join(name, "settings.json")])
             figure = plot_results.experiment_figure(
                 settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
@@ -307,7 +308,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
             plot_results.plt.close(figure)
             seen[name] = (seeds, files, facts)
 
-        experiments.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
+        engine.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
         self.assertEqual(sorted(seen), sorted(table))
         for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
@@ -328,14 +329,14 @@ class MechanismsAtReducedSize(unittest.TestCase):
                 self.assertGreater(len(settings["claims"]), 0)
                 for verdict in settings["claims"]:
                     self.assertIn(verdict["verdict"], ("holds", "does not hold", "within noise"))
-                    self.assertRegex(experiments.count_text(verdict), r"^(\d+ of \d+ seeds|exact)")
+                    self.assertRegex(claims.count_text(verdict), r"^(\d+ of \d+ seeds|exact)")
                 markdown = files[os.path.join(name, "summary.md")]
                 for verdict in settings["claims"]:
-                    self.assertIn(f"| {verdict['verdict']} | {experiments.count_text(verdict)} | {verdict['needs']} | "
+                    self.assertIn(f"| {verdict['verdict']} | {claims.count_text(verdict)} | {verdict['needs']} | "
                                   f"{verdict['claim'].replace('|', chr(92) + '|')} |", markdown)
                 self.assertEqual(markdown.count("\n| "), len(settings["claims"]) + 1 + len(summary) + 1 + sum(
                     len(rows) + 1 for _, rows in table[name].tables.values()))
-                self.assertTrue(experiments.command_of(name, None, 100).endswith("--seed-start 100"))
+                self.assertTrue(engine.command_of(name, None, 100).endswith("--seed-start 100"))
                 # its figure draws from these files: every panel's columns, metrics and claims exist
                 self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
                 self.assertEqual(legends, 1)
@@ -356,11 +357,10 @@ def _killed(seed):
     os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
 
 
-def _workers_scenario(runners):
-    experiments.RUNNERS.update(stall=_stall, killed=_killed)  # in the child only
-    table = {"t": experiments.Experiment("t", "", "", "", [({"n": i}, runner, {}) for i, runner in enumerate(runners)],
-                                         ["m"])}
-    experiments.run_experiments(["t"], 1, len(runners), lambda *args: None, report=print, table=table)
+def _workers_scenario(names):
+    runners.RUNNERS.update(stall=_stall, killed=_killed)  # in the child only
+    table = {"t": catalog.Experiment("t", "", "", "", [({"n": i}, name, {}) for i, name in enumerate(names)], ["m"])}
+    engine.run_experiments(["t"], 1, len(names), lambda *args: None, report=print, table=table)
     return 0
 
 
@@ -427,13 +427,13 @@ class Timing(unittest.TestCase):
     def setUpClass(cls):
         # a fresh interpreter (this one imported torch._dynamo long ago), started now: it imports torch while
         # the other test of the class sleeps
-        script = ("import sys, time, experiments\n"
+        script = ("import sys, time\nfrom atlas import engine\n"
                   "before = 'torch._dynamo' in sys.modules\n"
                   "started = time.perf_counter()\n"
-                  "experiments._import_torch_lazy_modules()\n"
+                  "engine._import_torch_lazy_modules()\n"
                   "first = time.perf_counter() - started\n"
                   "started = time.perf_counter()\n"
-                  "experiments._import_torch_lazy_modules()\n"
+                  "engine._import_torch_lazy_modules()\n"
                   "print(before, 'torch._dynamo' in sys.modules, first > 10 * (time.perf_counter() - started))\n")
         cls.fresh = subprocess.Popen([sys.executable, "-B", "-c", script], cwd=HERE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
@@ -449,16 +449,16 @@ class Timing(unittest.TestCase):
         self.assertEqual(stdout.split(), ["False", "True", "True"], stderr)
 
     def test_a_runs_seconds_leave_out_the_imports_in_one_process_and_over_workers(self):
-        table = {"t": experiments.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"])}
-        with mock.patch.dict(experiments.RUNNERS, nap=_nap), \
-                mock.patch.object(experiments, "_import_torch_lazy_modules", side_effect=lambda: time.sleep(0.2)):
-            index, seconds, result = experiments._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
+        table = {"t": catalog.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"])}
+        with mock.patch.dict(runners.RUNNERS, nap=_nap), \
+                mock.patch.object(engine, "_import_torch_lazy_modules", side_effect=lambda: time.sleep(0.2)):
+            index, seconds, result = engine._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
             self.assertEqual((index, result), (3, {"metrics": {"m": 2.0}}))
             self.assertGreaterEqual(seconds, 0.02)
             self.assertLess(seconds, 0.15)  # the 0.2 s of imports before the clock are not in it
             for jobs in (1, 2):  # in this process, and in forked workers
                 lines = []
-                totals = experiments.run_experiments(["t"], 2, jobs, lambda *args: None, report=lines.append,
+                totals = engine.run_experiments(["t"], 2, jobs, lambda *args: None, report=lines.append,
                                                      table=table)
                 with self.subTest(jobs=jobs):
                     self.assertEqual(len(lines), 4)
@@ -479,7 +479,7 @@ class HandOver(unittest.TestCase):
         process.join()
         theirs.close()  # as _results_from_workers does: the dead worker held the only other end
         with self.assertRaisesRegex(ChildProcessError, rf"worker process {process.pid} ended by SIGKILL"):
-            experiments._hand_over(ours, ("job",), process)  # a BrokenPipeError would read as a closed stdout
+            engine._hand_over(ours, ("job",), process)  # a BrokenPipeError would read as a closed stdout
         ours.close()
 
 
@@ -511,11 +511,27 @@ class CommandLine(unittest.TestCase):
             self.assertFalse(os.path.lexists("/nonexistent-rl-lab-target"))
             os.remove("results-sft")
 
+    def test_help_and_a_bad_name_answer_before_torch_is_imported(self):
+        # the torch-free copies in experiments.py are the catalogue's own
+        self.assertEqual(experiments.NAMES, tuple(catalog.experiments()))
+        self.assertEqual(experiments.DEFAULT_SEEDS, catalog.DEFAULT_SEEDS)
+        self.assertEqual(experiments.QUICK_STEPS, engine.QUICK_STEPS)
+        script = ("import sys, experiments\n"
+                  "for argv in (['--help'], ['no-such-experiment'], ['kl-estimators', '--seeds', '0']):\n"
+                  "    try:\n"
+                  "        experiments.main(argv)\n"
+                  "    except SystemExit as stop:\n"
+                  "        print(stop.code, 'torch' in sys.modules)\n")
+        done = subprocess.run([sys.executable, "-B", "-c", script], cwd=HERE, capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(done.stdout.splitlines()[-3:], ["0 False", "2 False", "2 False"], done.stderr)
+        self.assertIn("no experiment 'no-such-experiment'", done.stderr)
+
     def test_list_names_every_experiment(self):
         code, stdout, _ = run_main(experiments.main, ["--list"])
         self.assertEqual(code, 0)
         names = [line.split()[0] for line in stdout.splitlines()]
-        self.assertEqual(names, list(experiments.experiments()))
+        self.assertEqual(names, list(catalog.experiments()))
         for required in ("kl-estimators", "reduction-length-bias", "std-scaling", "zero-variance", "clip-higher",
                          "updates-per-batch", "sampler-mismatch", "microbatch", "grpo2-vs-dpo", "four-algorithms",
                          "dpo-label-flips", "group-size", "chain-lambda", "reward-shift", "sparse-reward"):
@@ -562,7 +578,7 @@ class CommandLine(unittest.TestCase):
         self.assertTrue(all(verdict["seeds"] == 3 for verdict in settings["claims"]))
         # the same seeds give the same numbers whatever the start: seed 100 here is run_kl_estimators(100)
         self.assertEqual(float(runs[0]["k2_relative_bias"]),
-                         experiments.run_kl_estimators(100, "near")["metrics"]["k2_relative_bias"])
+                         runners.run_kl_estimators(100, "near")["metrics"]["k2_relative_bias"])
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ import shutil
 import tempfile
 import unittest
 
-import experiments
 import make_docs
+from atlas import claims
 from lab.testing import HERE, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # the atoms' demo values run on one torch thread
@@ -102,8 +102,8 @@ class CommittedPages(unittest.TestCase):
         settings = {"experiment": "made-up", "summary": "a made-up experiment", "claim": "X beats Y",
                     "source": "nowhere (a made-up source)", "command": "python experiments.py made-up",
                     "seeds": [100, 101],
-                    "claims": [experiments.check_claim(experiments.Claim("X beats Y in most seeds", lambda runs: True),
-                                                       {100: {}, 101: {}})],
+                    "claims": [claims.check_claim(claims.Claim("X beats Y in most seeds", lambda runs: True),
+                                                  {100: {}, 101: {}})],
                     "configurations": [{"label": {"x": 1}, "runner": "run_x", "options": {"x": 1}}]}
         summary = "**made-up**: text\n\nX beats Y\n\n| verdict | seeds |\n|---|---|\n| holds | 2 of 2 |\n"
         gone = make_docs.experiment_folders(HERE)[0]

@@ -12,11 +12,11 @@ import json
 import os
 import unittest
 
-import experiments
 import online_tokens
 import ppo_chain
 import rl_lab
 import token_objectives
+from atlas import runners
 from lab.io import csv_text, json_text
 from lab.testing import (HERE, committed_differences, describe_differences, shared_calls, single_thread_module,
                          value_differences)
@@ -47,7 +47,7 @@ class CommittedResults(unittest.TestCase):
         for algorithm in ("grpo", "cispo") + tuple(online_tokens.FOUR_ALGORITHMS):
             jobs[("online", algorithm)] = ("online_tokens", "train", (), {"algorithm": algorithm})
         for name, (runner, seed, options) in cls.first_runs.items():
-            jobs[("atlas", name)] = ("experiments", runner, (seed,), options)
+            jobs[("atlas", name)] = ("atlas.runners", runner, (seed,), options)
         cls.fresh = dict(zip(jobs, shared_calls(list(jobs.values()))))
 
     def assert_matches(self, relative, fresh_text):
@@ -98,7 +98,7 @@ class CommittedResults(unittest.TestCase):
                 with open(os.path.join(HERE, ATLAS, name, "runs.csv"), encoding="utf-8", newline="") as handle:
                     committed = next(csv.DictReader(handle))
                 self.assertEqual(int(committed["seed"]), seed)
-                self.assertIs(experiments.RUNNERS[runner], getattr(experiments, runner))  # the runner that was run
+                self.assertIs(runners.RUNNERS[runner], getattr(runners, runner))  # the runner that was run
                 metrics = self.fresh[("atlas", name)]["metrics"]
                 for metric, value in metrics.items():
                     if value is None:  # a target never reached: an empty cell

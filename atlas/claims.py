@@ -1,0 +1,157 @@
+"""Claims as checks over the per-seed results, and their verdicts: a property counted over seeds
+("count"), a paired difference between configurations that share seeds ("greater"), an equivalence
+("within"), or an identity computed without seeds ("exact"); and the words a verdict is shown in."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from atlas.stats import mean_interval, wilson_interval
+
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+CLAIM_TESTS = ("count", "greater", "within", "exact")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as a check. `value(runs)` gets one seed's results, {configuration: metrics}, and returns:
+
+    test "count":   a bool (the property holds in this seed); the claim holds when at least `at_least` of
+                    the seeds (a share, rounded up, at least 1) show it, else does not hold;
+    test "greater": a float claimed > 0 (a paired difference), or None when undefined in this seed (a
+                    target never reached); holds when at least `at_least` of the defined seeds are > 0
+                    and the 95% t-interval of the mean is above 0; does not hold when the same is true
+                    below 0; within noise otherwise;
+    test "within":  a float claimed inside +-margin; holds when the 95% interval lies inside it, does not
+                    hold when the interval lies wholly outside it, within noise otherwise;
+    test "exact":   value(None) is a bool computed without seeds (an identity of a table).
+
+    note: the cause, the ablation that tests it, or why a claim that does not hold is kept."""
+
+    text: str
+    value: object
+    test: str = "count"
+    at_least: float = 1.0
+    margin: float | None = None
+    note: str = ""
+
+
+def required_seeds(share, seeds):
+    """How many of `seeds` seeds a share asks for: rounded up, at least 1 (4 of 5 for 0.8)."""
+    return max(1, math.ceil(share * seeds - 1e-9))
+
+
+def check_claim(claim, by_seed):
+    """The verdict of `claim` over {seed: {configuration: metrics}}: a JSON-ready dict with the verdict,
+    the count it rests on ("4 of 5 seeds"), the mean and its 95% interval (for a count, the share and
+    Wilson's interval), and every seed's value."""
+    if claim.test not in CLAIM_TESTS:
+        raise ValueError(f"test: expected one of {', '.join(CLAIM_TESTS)}, got {claim.test!r}")
+    result = {"claim": claim.text, "test": claim.test}
+    if claim.test == "exact":
+        holds = bool(claim.value(None))
+        return {**result, "verdict": HOLDS if holds else FAILS, "needs": "exact", "count": "exact, no seeds",
+                "agree": None,
+                "seeds": 0, "required": None, "undefined": 0, "mean": None, "interval": None, "margin": None,
+                "per_seed": [], "note": claim.note}
+    values = {seed: claim.value(runs) for seed, runs in by_seed.items()}
+    defined = {seed: value for seed, value in values.items() if value is not None}
+    seeds = len(defined)
+    required = required_seeds(claim.at_least, seeds)
+    interval = None
+    if claim.test == "count":
+        agree = sum(bool(value) for value in defined.values())
+        verdict = HOLDS if agree >= required else FAILS
+        mean = agree / seeds if seeds else None
+        low, high = wilson_interval(agree, seeds)
+        interval = None if low is None else [low, high]
+        per_seed = [{"seed": seed, "value": bool(value)} for seed, value in defined.items()]
+    else:
+        numbers = list(defined.values())
+        mean, low, high = mean_interval(numbers) if numbers else (None, None, None)
+        interval = None if low is None else [low, high]
+        per_seed = [{"seed": seed, "value": value} for seed, value in defined.items()]
+        if claim.test == "greater":
+            agree, against = sum(value > 0 for value in numbers), sum(value < 0 for value in numbers)
+            if low is not None and agree >= required and low > 0:
+                verdict = HOLDS
+            elif low is not None and against >= required and high < 0:
+                verdict = FAILS
+            else:
+                verdict = NOISE
+        else:
+            margin = claim.margin
+            agree = sum(abs(value) < margin for value in numbers)
+            if low is not None and -margin < low and high < margin:
+                verdict = HOLDS
+            elif low is not None and (low >= margin or high <= -margin):
+                verdict = FAILS
+            else:
+                verdict = NOISE
+    count = f"{agree} of {seeds} seeds"
+    if seeds == 0:  # every seed left out (a target no run reached, as in a --quick run): nothing to count
+        needs = "a seed with a value, and none has one"
+    elif claim.test == "count":
+        needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
+    elif claim.test == "greater":
+        needs = f"{required} of {seeds} above 0, interval above 0"
+    else:
+        needs = f"interval inside +-{claim.margin}"
+    return {**result, "verdict": verdict, "needs": needs, "count": count, "agree": agree, "seeds": seeds,
+            "required": required,
+            "undefined": len(values) - seeds, "mean": mean, "interval": interval, "margin": claim.margin,
+            "per_seed": per_seed, "note": claim.note}
+
+
+def difference(metric, first, second):
+    """A claim value: first's metric minus second's in one seed (None when either has none)."""
+    def value(runs):
+        a, b = runs[first][metric], runs[second][metric]
+        return None if a is None or b is None else a - b
+    return value
+
+
+def number_text(value):
+    """A table cell: integers as they are; floats with 4 decimals, 1 from 100 up, 2 significant digits in
+    scientific notation below 0.001 (exact identities show as e-15 there, not as 0.0000); None as "-"."""
+    if value is None:
+        return "-"
+    if not isinstance(value, float):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:.1f}"
+    return f"{value:.4f}" if abs(value) >= 1e-3 else f"{value:.1e}"
+
+
+def _signed(value):
+    text = number_text(value)
+    return text if text.startswith("-") or text == "0" else "+" + text
+
+
+def interval_text(verdict):
+    """The numbers a verdict rests on, in words: a count's share and its Wilson interval, or a mean and
+    its t-interval ("+0.0123 [+0.0040, +0.0206]")."""
+    if verdict["test"] == "exact":
+        return "exact"
+    if verdict["mean"] is None:
+        return "no seed has a value"
+    if verdict["test"] == "count":
+        text = f"share {verdict['mean']:.2f}"
+        return text + (f" [{verdict['interval'][0]:.2f}, {verdict['interval'][1]:.2f}]" if verdict["interval"] else "")
+    text = f"mean {_signed(verdict['mean'])}"
+    if verdict["interval"] is None:
+        return text + " (one seed: no interval)"
+    return text + f" [{_signed(verdict['interval'][0])}, {_signed(verdict['interval'][1])}]"
+
+
+def count_text(verdict):
+    """"4 of 5 seeds" (above 0, or inside the margin; with the seeds left out: a target never reached),
+    or "exact"."""
+    if verdict["test"] == "exact":
+        return "exact"
+    where = {"greater": " above 0", "within": f" inside +-{verdict['margin']}"}.get(verdict["test"], "")
+    text = verdict["count"] + where
+    return text + (f" ({verdict['undefined']} left out: never reached)" if verdict["undefined"] else "")

@@ -1,0 +1,388 @@
+"""Runners: one run of a driver reduced to its metrics and a curve, {"metrics": {...}, "curve": [...]}.
+Each is registered by name with `@runner` (the name a configuration of the catalogue gives), at module
+level so that the engine's worker processes can run them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+import online_tokens
+import ppo_chain
+import rl_lab
+from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, policy_gradient_bias,
+                         reward_distribution)
+from policies import logps_of_tokens
+from rl_lab import DTYPE
+
+TARGET = 0.9  # "learned": exact success probability (online) or best-action probability (bandit)
+LAST = 10  # iterations averaged for end-of-run statistics
+STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups mostly tie: no signal)
+
+RUNNERS = {}  # name -> runner: what a configuration names and a worker runs
+TRAINING_RUNNERS = set()  # the names of the runners that train for `steps` iterations: --quick shortens them
+
+
+def runner(function=None, *, trains=False):
+    """Register a runner under its function's name: `@runner`, or `@runner(trains=True)` for one that takes
+    `steps` (--quick shortens it)."""
+    def register(function):
+        RUNNERS[function.__name__] = function
+        if trains:
+            TRAINING_RUNNERS.add(function.__name__)
+        return function
+    return register if function is None else register(function)
+
+
+def _first_step(rows, column, threshold):
+    return next((row["step"] for row in rows if row[column] >= threshold), None)
+
+
+def online_metrics(rows):
+    """End-of-run statistics of an online run (online_tokens.run_summary; None: never reached 0.9)."""
+    return dict(online_tokens.run_summary(rows))
+
+
+def end_of_run(state, responses):
+    """What the policy ends with, per prompt, exactly: how many prompts are stuck (success below STUCK),
+    how many of them on a partial-credit answer (a truncated response that starts right: p(0.25) above
+    1/2), and the worst prompt's success."""
+    success = online_tokens.success_by_prompt(state.policy, state.evaluation["train"])
+    partial = reward_distribution(state, responses)[:, REWARD_CLASSES.index(state.task.reward_partial)]
+    return {"stuck_prompts": int((success < STUCK).sum().item()),
+            "partial_stuck_prompts": int(((success < STUCK) & (partial > 0.5)).sum().item()),
+            "worst_prompt_success": success.min().item()}
+
+
+# columns that hold a value at row 0 (the initial evaluation, before anything is sampled): the exact
+# evaluation after each update, and the budget; the others describe a sampled batch, so row 0 has none
+AT_START = ("success_probability", "test_success_probability", "kl_reference", "expected_reward",
+            "best_action_probability", "expected_return", "left_probability", "total_tokens_sampled")
+
+
+@runner(trains=True)
+def run_online(seed, curve=(), exact_curve=(), **options):
+    """One online_tokens run (any policy: the table, or the transformer with policy="transformer"):
+    metrics (online_tokens.run_summary, plus the final test success where the task has a test split),
+    and for the columns in `curve` a per-iteration curve (None where a row has no value: a sampled column
+    at row 0, a length of answers the batch did not hold). A table policy also gets its end-of-run state
+    of each prompt (`end_of_run`); exact_curve ("wrong_length",), a table only, adds E[length | wrong]
+    after every update, exactly."""
+    state = online_tokens.setup(seed=seed, **options)
+    if exact_curve and not state.policy.exact:
+        raise ValueError("exact_curve: needs a policy evaluated exactly (the table)")
+    exact = [{"exact_wrong_length": expected_wrong_length(state)}] if exact_curve else []  # row 0: the start
+
+    def observe(state, batch, credit, row):
+        exact.append({"exact_wrong_length": expected_wrong_length(state)})
+
+    rows, _ = online_tokens.run(state, observe=observe if exact_curve else None)
+    metrics = online_metrics(rows)
+    if "test_success_probability" in rows[-1]:
+        metrics["final_test_success_probability"] = rows[-1]["test_success_probability"]
+    if state.policy.exact:  # every response of a table enumerates in milliseconds; a transformer's cannot
+        metrics.update(end_of_run(state, all_responses(state.task, state.cfg.max_new_tokens)))
+    if exact_curve:
+        tail = [point["exact_wrong_length"] for point in exact[-LAST:] if point["exact_wrong_length"] is not None]
+        metrics["exact_wrong_length"] = math.fsum(tail) / len(tail) if tail else None
+    points = []
+    for index, row in enumerate(rows):
+        point = {"step": row["step"]}
+        for name in curve:
+            empty = name in ("mean_correct_length", "mean_wrong_length") and row[name] == 0
+            point[name] = None if empty or (index == 0 and name not in AT_START) else row[name]
+        if exact_curve:
+            point["exact_wrong_length"] = exact[index]["exact_wrong_length"]
+        points.append(point)
+    return {"metrics": metrics, "curve": points}
+
+
+@runner(trains=True)
+def run_zero_variance(seed, **options):
+    """An online run that also predicts each batch's share of zero-variance groups from the exact
+    reward distribution of the policy that sampled it: group g ties with probability
+    p_g = sum over reward values v of q_v ** G. Given the policies, the measured share over the run is a
+    mean of independent Bernoulli(p_g), so its standard error is exact too, sqrt(sum_t sum_g p_g (1 - p_g)
+    / B^2) / T: measured_minus_predicted_z is the difference in those units (with dynamic sampling the
+    kept groups are not the drawn ones, and the prediction describes the first draw only)."""
+    state = online_tokens.setup(seed=seed, **options)
+    responses = all_responses(state.task, state.cfg.max_new_tokens)
+    group_size = state.cfg.group_size
+    previous = {"q": reward_distribution(state, responses)}
+    curve, variances = [], []
+
+    def observe(state, batch, credit, row):
+        prompts = batch.prompts.reshape(-1, group_size)[:, 0]  # (B*G,) -> (B,) one per group
+        ties = (previous["q"][prompts] ** group_size).sum(dim=1)  # (B,) p_g
+        variances.append((ties * (1 - ties)).sum().item() / prompts.numel() ** 2)
+        curve.append({"step": row["step"], "zero_group_fraction": row["zero_group_fraction"],
+                      "predicted_zero_group_fraction": ties.mean().item(),
+                      "success_probability": row["success_probability"],
+                      "total_tokens_sampled": row["total_tokens_sampled"]})
+        previous["q"] = reward_distribution(state, responses)
+
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = online_metrics(rows)
+    metrics["predicted_zero_group_fraction"] = math.fsum(item["predicted_zero_group_fraction"] for item in curve) / len(curve)
+    metrics["measured_minus_predicted"] = metrics["zero_group_fraction"] - metrics["predicted_zero_group_fraction"]
+    error = math.sqrt(math.fsum(variances)) / len(curve)
+    metrics["measured_minus_predicted_z"] = metrics["measured_minus_predicted"] / error if error > 0 else 0.0
+    return {"metrics": metrics, "curve": curve}
+
+
+def prompt_success(state):
+    """(P,) exact p(correct answer then EOS) of each prompt under the run's current policy."""
+    return online_tokens.success_by_prompt(state.policy, state.evaluation["train"])
+
+
+EASY, HARD = (0, 1), (4, 5)  # one-digit answers ("0", "1") and three-digit ones ("100", "101")
+
+
+@runner(trains=True)
+def run_std_scaling(seed, **options):
+    """An online run that records the exact success of the easy and the hard prompts after each update."""
+    state = online_tokens.setup(seed=seed, **options)
+    curve = []
+
+    def observe(state, batch, credit, row):
+        success = prompt_success(state)
+        curve.append({"step": row["step"], "easy_success": success[list(EASY)].mean().item(),
+                      "hard_success": success[list(HARD)].mean().item(),
+                      "success_probability": row["success_probability"]})
+
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = online_metrics(rows)
+    for name in ("easy_success", "hard_success"):
+        metrics[f"{name}_step_10"] = curve[9][name] if len(curve) >= 10 else curve[-1][name]
+        metrics[f"{name}_final"] = curve[-1][name]
+    return {"metrics": metrics, "curve": curve}
+
+
+@runner(trains=True)
+def run_sampler_mismatch(seed, tis_cap_measured=2.0, **options):
+    """An online run whose sampler may differ from the trainer, that also measures after every update the
+    bias of the expected policy gradient under that sampler, without and with truncated importance
+    weights (cap `tis_cap_measured`), against the exact gradient (`policy_gradient_bias`), whatever the
+    run itself uses. Metrics: the run's, and each bias averaged over the run."""
+    state = online_tokens.setup(seed=seed, **options)
+    responses = all_responses(state.task, state.cfg.max_new_tokens)
+    cfg, curve = state.cfg, []
+
+    def bias(table, cap):
+        return policy_gradient_bias(table, responses, cfg.temperature, cfg.rollout_temperature, cfg.rollout_top_p, cap)
+
+    def point(step, success):  # the policy that samples the next batch
+        table = state.policy.table
+        return {"step": step, "success_probability": success, "gradient_bias": bias(table, None),
+                "gradient_bias_tis": bias(table, tis_cap_measured)}
+
+    def observe(state, batch, credit, row):
+        curve.append(point(row["step"], row["success_probability"]))
+
+    start = point(0, online_tokens.evaluate(state)["success_probability"])
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = {**online_metrics(rows), **end_of_run(state, responses)}
+    for name in ("gradient_bias", "gradient_bias_tis"):  # over the policies that sampled a batch
+        metrics[name] = math.fsum(item[name] for item in [start] + curve[:-1]) / len(curve)
+    curve.insert(0, start)
+    return {"metrics": metrics, "curve": curve}
+
+
+@runner(trains=True)
+def run_bandit(seed, algorithm, curve=("expected_reward",), **options):
+    rows, _ = rl_lab.train(algorithm, seed=seed, **options)
+    last = rows[-1]
+    metrics = {
+        "final_expected_reward": last["expected_reward"],
+        "final_best_action_probability": last["best_action_probability"],
+        "steps_to_0.9": _first_step(rows, "best_action_probability", TARGET),
+        "sampled_actions": last["sampled_actions"],
+        "zero_group_fraction": math.fsum(row["zero_group_fraction"] for row in rows[1:]) / (len(rows) - 1),
+        "best_action_probability_step_10": rows[min(10, len(rows) - 1)]["best_action_probability"],
+    }
+    if algorithm == "dpo":
+        metrics["dpo_training_loss"] = last["dpo_training_loss"]
+        metrics["dpo_clean_loss"] = last["dpo_clean_loss"]
+    reached = next((row for row in rows if row["best_action_probability"] >= TARGET), None)
+    metrics["actions_to_0.9"] = reached["sampled_actions"] if reached else None
+    points = [{"step": row["step"], **{name: row[name] if index or name in AT_START else None for name in curve}}
+              for index, row in enumerate(rows)]
+    return {"metrics": metrics, "curve": points}
+
+
+@runner(trains=True)
+def run_chain(seed, gae_lambda, steps=120):
+    rows, _ = ppo_chain.train(seed=seed, gae_lambda=gae_lambda, steps=steps)
+    at = lambda step: rows[min(step, len(rows) - 1)]["expected_return"]  # noqa: E731
+    metrics = {"final_expected_return": rows[-1]["expected_return"], "expected_return_step_1": at(1),
+               "expected_return_step_5": at(5), "expected_return_step_10": at(10),
+               "steps_to_0.9": _first_step(rows, "expected_return", TARGET)}
+    return {"metrics": metrics, "curve": [{"step": row["step"], "expected_return": row["expected_return"],
+                                           "left_probability": row["left_probability"]} for row in rows]}
+
+
+@runner(trains=True)
+def run_reward_shift(seed, algorithm, shift, steps):
+    """A bandit run with every reward shifted by `shift`; for GRPO also the first batch's advantages with
+    and without the shift (they must agree), for PPO the critic's error after training."""
+    rows, _ = rl_lab.train(algorithm, seed=seed, steps=steps, reward_shift=shift)
+    metrics = {
+        "best_action_probability_step_5": rows[min(5, steps)]["best_action_probability"],
+        "best_action_probability_step_10": rows[min(10, steps)]["best_action_probability"],
+        "final_best_action_probability": rows[-1]["best_action_probability"],
+        "steps_to_0.9": _first_step(rows, "best_action_probability", TARGET),
+    }
+    # the first batch's advantages with and without the shift, each algorithm's own way
+    generator = torch.Generator().manual_seed(seed)
+    rewards = rl_lab.reward_table()[torch.randint(0, 4, (16,), generator=generator)][:, [0, 1, 2, 0, 1, 2, 0, 1]]
+    if algorithm == "grpo":  # group-relative: the shift cancels in R - mean
+        change = rl_lab.group_advantages(rewards + shift) - rl_lab.group_advantages(rewards)
+    else:  # one-step GAE against the initial zero critic: A = R - V(x) moves with R
+        flat, done = rewards.reshape(-1), torch.ones(rewards.numel(), dtype=torch.bool)
+        zero = torch.zeros_like(flat)
+        change = rl_lab.gae(flat + shift, zero, zero, done, done)[0] - rl_lab.gae(flat, zero, zero, done, done)[0]
+    metrics["advantage_change"] = change.abs().max().item()
+    return {"metrics": metrics, "curve": [{"step": row["step"], "best_action_probability": row["best_action_probability"],
+                                           "value_loss": row["value_loss"] if row["step"] else None} for row in rows]}
+
+
+def _random_pair(seed, scale):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, generator=generator, dtype=DTYPE) * scale
+    reference = torch.randn(6, generator=generator, dtype=DTYPE) * scale
+    return logits, F.log_softmax(reference, dim=-1)
+
+
+@runner
+def run_kl_estimators(seed, distance):
+    """Exact statistics of k1, k2, k3 on a 6-way categorical: the bias and per-sample std of each value
+    against the exact KL(pi || ref), and the distance of each expected gradient from the gradients of
+    both KL directions (arXiv 2506.09477). Nothing is sampled: every expectation is a weighted sum."""
+    logits, ref_logp = _random_pair(seed, {"near": 0.3, "far": 1.5}[distance])
+    logp = F.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    exact = (probs * (logp - ref_logp)).sum().item()
+
+    def gradient_of(function):
+        leaf = logits.clone().requires_grad_(True)
+        leaf_logp = F.log_softmax(leaf, dim=-1)
+        (gradient,) = torch.autograd.grad(function(leaf_logp), leaf)
+        return gradient
+
+    grad_kl_pi_ref = gradient_of(lambda lp: (lp.exp() * (lp - ref_logp)).sum())  # the reverse KL, trained policy first
+    grad_kl_ref_pi = gradient_of(lambda lp: (ref_logp.exp() * (ref_logp - lp)).sum())  # the forward KL
+    metrics = {"kl_exact": exact}
+    for name, estimator in rl_lab.KL_ESTIMATORS.items():
+        values = estimator(logp, ref_logp)
+        mean = (probs * values).sum().item()
+        std = math.sqrt(max((probs * (values - mean) ** 2).sum().item(), 0.0))
+        expected_gradient = gradient_of(lambda lp, estimator=estimator: (probs * estimator(lp, ref_logp)).sum())
+        metrics.update({
+            f"{name}_relative_bias": (mean - exact) / exact,
+            f"{name}_relative_std": std / exact,
+            f"{name}_grad_error_kl_pi_ref": (expected_gradient - grad_kl_pi_ref).norm().item()
+            / grad_kl_pi_ref.norm().item(),
+            f"{name}_grad_error_kl_ref_pi": (expected_gradient - grad_kl_ref_pi).norm().item()
+            / grad_kl_ref_pi.norm().item(),
+            f"{name}_grad_norm_ratio": expected_gradient.norm().item() / grad_kl_pi_ref.norm().item(),
+        })
+    return {"metrics": metrics, "curve": []}
+
+
+def _per_token_loss(batch, credit, logps):
+    """GRPO's per-token loss (PPO-Clip term + 0.02 k3) of a batch, before any reduction: (N, R)."""
+    advantages = credit.advantages.unsqueeze(1).expand_as(logps)
+    policy = rl_lab.clipped_policy_loss(logps, batch.old_logps, advantages, check=False)
+    return policy + 0.02 * rl_lab.token_kl_penalty(logps, batch.ref_logps, check=False)
+
+
+@runner
+def run_microbatch(seed):
+    """One batch (from a policy moved by a few GRPO steps, so lengths differ), split into M = 1, 2, 4
+    micro-batches with gradient accumulation. For each reduction, the accumulated gradient with each
+    micro-batch normalized locally (and weighted by its share of the sequences, as verl's
+    loss_scale_factor) or by the global token count, against the full-batch gradient."""
+    state = online_tokens.setup(seed=seed, steps=4)
+    online_tokens.run(state)  # a few updates: lengths now differ within the batch
+    batch = online_tokens.rollout(state)
+    credit = online_tokens.credit(state, batch)
+    mask = batch.mask
+    count = mask.shape[0]
+    global_tokens = mask.sum()
+
+    def gradient(loss_of):
+        policy = state.policy.snapshot()
+        policy.table.requires_grad_(True)
+        logps = logps_of_tokens(policy.logits(batch.prompts, batch.completion_ids), batch.completion_ids)
+        (result,) = torch.autograd.grad(loss_of(_per_token_loss(batch, credit, logps)), policy.table)
+        return result
+
+    metrics = {}
+    for reduction in rl_lab.REDUCTIONS:
+        full = gradient(lambda per_token: rl_lab.reduce_token_loss(per_token, mask, reduction, 5))
+        for micro in (1, 2, 4):
+            size = count // micro
+            parts = [slice(index * size, (index + 1) * size) for index in range(micro)]
+
+            def local(per_token, parts=parts):  # each micro-batch reduced on its own, weighted by its share
+                return sum(rl_lab.reduce_token_loss(per_token[part], mask[part], reduction, 5) * (size / count)
+                           for part in parts)
+
+            error = (gradient(local) - full).norm().item() / full.norm().item()
+            metrics[f"{reduction}_local_m{micro}"] = error
+            if reduction == "token":
+                def global_count(per_token, parts=parts):  # each micro-batch's sum over the global token count
+                    return sum(torch.where(mask[part] > 0, per_token[part], torch.zeros_like(per_token[part])).sum()
+                               / global_tokens for part in parts)
+
+                metrics[f"token_global_m{micro}"] = (gradient(global_count) - full).norm().item() / full.norm().item()
+    lengths = mask.sum(dim=1).double()
+    metrics["length_spread"] = (lengths.max() - lengths.min()).item()
+    return {"metrics": metrics, "curve": []}
+
+
+# the transformer's runs: the SFT start is trained once (sft.py, cached in results-sft) and every run loads it
+TRANSFORMER = {"policy": "transformer"}
+TRANSFORMER_CURVE = ("success_probability", "test_success_probability", "entropy", "kl_reference",
+                     "mean_correct_length", "mean_wrong_length")
+TRANSFORMER_EVALUATION = ("pass@1", "pass@4", "pass@16", "pass@64", "entropy_per_token", "distinct_correct_per_prompt",
+                          "mean_length_correct", "mean_length_wrong")
+
+
+@runner
+def run_transformer(seed, curve=TRANSFORMER_CURVE, **options):
+    """One transformer run (online_tokens.train(policy="transformer", ...)): run_online's metrics and
+    curve, the sampled evaluation of the test prompts before (the SFT start) and after training
+    (test_pass@k_before / _after, entropy_per_token_..., distinct_correct_per_prompt_..., ...), the
+    exact train and test success at the start, and the sampler/trainer mismatch averaged over iterations."""
+    state = online_tokens.setup(seed=seed, **TRANSFORMER, **options)
+    rows, report = online_tokens.run(state)
+    metrics = online_metrics(rows)
+    metrics.update({
+        "initial_success_probability": rows[0]["success_probability"],
+        "initial_test_success_probability": rows[0]["test_success_probability"],
+        "final_test_success_probability": rows[-1]["test_success_probability"],
+        "generalization_gap": rows[-1]["success_probability"] - rows[-1]["test_success_probability"],
+        "initial_generalization_gap": rows[0]["success_probability"] - rows[0]["test_success_probability"],
+        "mean_wrong_length_tail": _tail(rows, "mean_wrong_length"),
+        "mean_correct_length_tail": _tail(rows, "mean_correct_length"),
+    })
+    for name in ("sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl"):
+        metrics[name] = math.fsum(row[name] for row in rows[1:]) / (len(rows) - 1)
+    metrics["first_batch_logp_diff_max"] = rows[1]["sampler_logp_diff_max"]
+    evaluation = report.get("evaluation", {})
+    for moment in ("before", "after"):  # every key in every run (None: not measured, e.g. k above the samples)
+        for key in TRANSFORMER_EVALUATION:
+            metrics[f"test_{key}_{moment}"] = evaluation.get(moment, {}).get(key)
+    points = [{"step": row["step"], **{name: None if (index == 0 and name not in AT_START) or (
+        name in ("mean_correct_length", "mean_wrong_length") and row[name] == 0) else row[name] for name in curve}}
+        for index, row in enumerate(rows)]
+    return {"metrics": metrics, "curve": points}
+
+
+def _tail(rows, column):
+    """The mean of a length column over the last LAST iterations that sampled such a response (None: none)."""
+    values = [row[column] for row in rows[-LAST:] if row[column] > 0]
+    return math.fsum(values) / len(values) if values else None
