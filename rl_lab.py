@@ -21,6 +21,86 @@ import math
 import os
 import sys
 
+from lab.settings import SEED, STEPS, add_shared_argument
+from lab.io import (
+    OneLineErrorParser,
+    csv_text,
+    flags_first,
+    float_flag,
+    int_flag,
+    json_text,
+    output_folder_or_exit,
+    run_cli,
+    write_files,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")  # the bandit's four
+MAX_STEPS = 100_000
+MAX_GROUP_SIZE = 4096
+MAX_GRPO_PROMPTS = 4096
+# B*G sampled actions per GRPO/CISPO iteration: 2**20 take about 0.3 GB of memory and 1 s per iteration
+MAX_GROUP_ACTIONS = 2**20
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="rl_lab.py",
+        description="Train PPO, DPO, GRPO and CISPO on a 4-context x 3-action bandit, or print the atoms.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--algorithm", choices=("atoms",) + ALGORITHMS + ("all",), default="all",
+        help="what to run: 'atoms' prints hand-checkable values of every atom as compact text (--json: as JSON) "
+             "and writes nothing; "
+             "'all' trains ppo, dpo, grpo and cispo",
+    )
+    add_shared_argument(parser, STEPS, 120)
+    add_shared_argument(parser, SEED, 7)
+    parser.add_argument("--group-size", type=int_flag(2, MAX_GROUP_SIZE), default=8,
+                        help=f"GRPO/CISPO answers sampled per prompt (G), integer in [2, {MAX_GROUP_SIZE}]")
+    parser.add_argument("--grpo-prompts", type=int_flag(1, MAX_GRPO_PROMPTS), default=16,
+                        help=f"GRPO/CISPO prompt groups per iteration (B; B*G actions), integer in [1, {MAX_GRPO_PROMPTS}]")
+    parser.add_argument("--preference-flips", type=int_flag(0, 12), default=0,
+                        help="DPO only: number of the 12 offline pairs whose chosen/rejected are swapped for the "
+                             "whole run, integer in [0, 12]; with 'all' it applies to dpo alone")
+    parser.add_argument("--reward-shift", type=float_flag(-100.0, 100.0), default=0.0,
+                        help="a constant added to every reward: GRPO's advantages do not move, PPO's critic must "
+                             "relearn (an extension the accompanying article proposes), number in [-100, 100]")
+    parser.add_argument("--sparse-rewards", action="store_true",
+                        help="reward 1 for each context's best action and 0 otherwise (the article's other "
+                             "extension)")
+    parser.add_argument("--json", action="store_true",
+                        help="with --algorithm atoms: print the values as JSON instead of the compact text")
+    parser.add_argument("--output", default="results",
+                        help="folder for <algorithm>.csv and <algorithm>.json (created if missing)")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with every check main() makes on them before any work (a bad one exits 2 with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.preference_flips and args.algorithm not in ("dpo", "all"):
+        parser.error(f"argument --preference-flips: only applies to --algorithm dpo (or all), got {args.algorithm}")
+    if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
+        parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
+                     f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
+    if args.json and args.algorithm != "atoms":
+        parser.error(f"argument --json: only applies to --algorithm atoms, got {args.algorithm}")
+    if args.algorithm != "atoms":
+        algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
+        output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch after the flags: `import torch` takes a second or more, --help and a bad flag none of it
 import torch
 import torch.nn.functional as F
 
@@ -37,17 +117,6 @@ from lab.checks import (
     stored,
     torch_threads,
     training_mode,
-)
-from lab.settings import SEED, STEPS, add_shared_argument
-from lab.io import (
-    OneLineErrorParser,
-    csv_text,
-    float_flag,
-    int_flag,
-    json_text,
-    output_folder_or_exit,
-    run_cli,
-    write_files,
 )
 
 DTYPE = torch.float64
@@ -2309,7 +2378,6 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}  # names -> atoms, for t
 # The one-step contextual bandit: setup
 # ---------------------------------------------------------------------------------------------
 
-ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 NUM_CONTEXTS = 4
 NUM_ACTIONS = 3
 LEARNING_RATE = 0.08
@@ -2323,11 +2391,6 @@ PPO_BATCH_SIZE = 128
 VALUE_COEF = 0.5
 EPSILON_HIGH = 5.0
 GROUP_ADVANTAGE_EPSILON = 1e-8
-MAX_STEPS = 100_000
-MAX_GROUP_SIZE = 4096
-MAX_GRPO_PROMPTS = 4096
-# B*G sampled actions per GRPO/CISPO iteration: 2**20 take about 0.3 GB of memory and 1 s per iteration
-MAX_GROUP_ACTIONS = 2**20
 
 COLUMNS = [
     "algorithm", "step", "optimizer_steps", "sampled_actions", "pair_presentations", "expected_reward",
@@ -2907,56 +2970,13 @@ def atoms_text(demo):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="rl_lab.py",
-        description="Train PPO, DPO, GRPO and CISPO on a 4-context x 3-action bandit, or print the atoms.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument(
-        "--algorithm", choices=("atoms",) + ALGORITHMS + ("all",), default="all",
-        help="what to run: 'atoms' prints hand-checkable values of every atom as compact text (--json: as JSON) "
-             "and writes nothing; "
-             "'all' trains ppo, dpo, grpo and cispo",
-    )
-    add_shared_argument(parser, STEPS, 120)
-    add_shared_argument(parser, SEED, 7)
-    parser.add_argument("--group-size", type=int_flag(2, MAX_GROUP_SIZE), default=8,
-                        help=f"GRPO/CISPO answers sampled per prompt (G), integer in [2, {MAX_GROUP_SIZE}]")
-    parser.add_argument("--grpo-prompts", type=int_flag(1, MAX_GRPO_PROMPTS), default=16,
-                        help=f"GRPO/CISPO prompt groups per iteration (B; B*G actions), integer in [1, {MAX_GRPO_PROMPTS}]")
-    parser.add_argument("--preference-flips", type=int_flag(0, 12), default=0,
-                        help="DPO only: number of the 12 offline pairs whose chosen/rejected are swapped for the "
-                             "whole run, integer in [0, 12]; with 'all' it applies to dpo alone")
-    parser.add_argument("--reward-shift", type=float_flag(-100.0, 100.0), default=0.0,
-                        help="a constant added to every reward: GRPO's advantages do not move, PPO's critic must "
-                             "relearn (an extension the accompanying article proposes), number in [-100, 100]")
-    parser.add_argument("--sparse-rewards", action="store_true",
-                        help="reward 1 for each context's best action and 0 otherwise (the article's other "
-                             "extension)")
-    parser.add_argument("--json", action="store_true",
-                        help="with --algorithm atoms: print the values as JSON instead of the compact text")
-    parser.add_argument("--output", default="results",
-                        help="folder for <algorithm>.csv and <algorithm>.json (created if missing)")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.preference_flips and args.algorithm not in ("dpo", "all"):
-        parser.error(f"argument --preference-flips: only applies to --algorithm dpo (or all), got {args.algorithm}")
-    if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
-        parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
-                     f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
-    if args.json and args.algorithm != "atoms":
-        parser.error(f"argument --json: only applies to --algorithm atoms, got {args.algorithm}")
+    args = parse(argv)
     if args.algorithm == "atoms":
         demo = atomic_demo()
         print(json_text(demo) if args.json else atoms_text(demo), end="")
         return 0
     algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
-    output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
     files, summary = {}, []
     for algorithm in algorithms:
         rows, settings = train(

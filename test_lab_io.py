@@ -298,16 +298,16 @@ class AllOrNothing(unittest.TestCase):
         previous = os.umask(0o022)
         try:
             path = self.path("metrics.csv")
-            lab_io.write_text_atomic(path, "x\n")
+            lab_io.write_files({path: "x\n"})
         finally:
             os.umask(previous)
         self.assertEqual(os.stat(path).st_mode & 0o777, 0o644)
 
     def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(self):
         path = self.path("metrics.csv")
-        lab_io.write_text_atomic(path, "old\n")
+        lab_io.write_files({path: "old\n"})
         with self.assertRaises(TypeError):
-            lab_io.write_text_atomic(path, 12345)  # fails inside the write, after the temporary exists
+            lab_io.write_files({path: 12345})  # fails inside the write, after the temporary exists
         with open(path, encoding="utf-8") as handle:
             self.assertEqual(handle.read(), "old\n")
         self.assertEqual(os.listdir(self.tmp.name), ["metrics.csv"])

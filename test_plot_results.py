@@ -67,8 +67,8 @@ def write_online_all(folder):
     Returns {algorithm: rows}."""
     runs = {name: write_online(os.path.join(folder, name), algorithm=name) for name in online_tokens.FOUR_ALGORITHMS}
     comparison = [online_tokens.comparison_row(name, rows) for name, rows in runs.items()]
-    lab_io.write_text_atomic(os.path.join(folder, "comparison.csv"),
-                             lab_io.csv_text(comparison, online_tokens.COMPARISON_COLUMNS))
+    lab_io.write_files({os.path.join(folder, "comparison.csv"):
+                        lab_io.csv_text(comparison, online_tokens.COMPARISON_COLUMNS)})
     return runs
 
 
@@ -156,7 +156,7 @@ class Plotter(unittest.TestCase):
     def test_y_range_follows_the_data_for_a_reversed_dpo_run(self):
         out = self.path("flipped")
         rows, _ = rl_lab.train("dpo", seed=7, preference_flips=12)
-        lab_io.write_text_atomic(os.path.join(out, "dpo.csv"), lab_io.csv_text(rows, rl_lab.DPO_COLUMNS))
+        lab_io.write_files({os.path.join(out, "dpo.csv"): lab_io.csv_text(rows, rl_lab.DPO_COLUMNS)})
         figure = plot_results.plot_bandit(out)
         try:
             low, high = figure.axes[0].get_ylim()
@@ -636,7 +636,7 @@ class PlotterLabelsAndLayout(unittest.TestCase):
             self.assertEqual(across, sorted(reference_labels(axis).values()))
         # a run below the uniform start (all DPO labels reversed) also gets the worst reward marked
         rows, settings = rl_lab.train("dpo", steps=FEW_STEPS, preference_flips=12)
-        lab_io.write_text_atomic(self.path("flipped", "dpo.csv"), lab_io.csv_text(rows, rl_lab.DPO_COLUMNS))
+        lab_io.write_files({self.path("flipped", "dpo.csv"): lab_io.csv_text(rows, rl_lab.DPO_COLUMNS)})
         _, figure = self.figure([self.path("flipped")])
         self.assertEqual(reference_labels(figure.axes[0])["worst -0.5"], -0.5)
 

@@ -2186,7 +2186,7 @@ class BanditCLI(unittest.TestCase):
 
     def test_long_file_names_and_long_numbers(self):
         long_name = "y" * 220 + ".csv"  # legal, though a temporary name built from it would not be
-        lab_io.write_text_atomic(os.path.join(self.tmp.name, long_name), "x\n")
+        lab_io.write_files({os.path.join(self.tmp.name, long_name): "x\n"})
         self.assertEqual(os.listdir(self.tmp.name), [long_name])
         self.assertIn("longer than", lab_io.output_file_problem(os.path.join(self.tmp.name, "z" * 300 + ".json")))
         code, _, stderr = run_main(rl_lab.main, ["--steps", "9" * 5000, "--output", os.path.join(self.tmp.name, "o")])

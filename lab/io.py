@@ -13,7 +13,7 @@ plotter uses it too.
 - `HeldSignals`: Ctrl-C, SIGTERM and SIGHUP wait until a block ends (the writes use it).
 - `run_cli`: runs a program's main() as a process: every failure ends with one line on stderr and
   a non-zero status, never a traceback (a full disk, a closed or full stdout, Ctrl-C, SIGTERM, out
-  of memory).
+  of memory). `flags_first`: the same for a program's `parse`, before its heavy imports.
 - `csv_text`, `json_text`: the deterministic text of the lab's CSV and JSON files.
 """
 
@@ -350,15 +350,13 @@ def input_file_problem(path, max_bytes=MAX_INPUT_BYTES):
 
 def output_folder_or_exit(parser, path, filenames=(), flag="--output"):
     """Check the output folder before any work, or exit 2 with one line naming the flag."""
-    problem = output_folder_problem(path, filenames)
-    if problem is not None:
+    if (problem := output_folder_problem(path, filenames)) is not None:
         parser.error(f"argument {flag}: {problem}")
 
 
 def output_file_or_exit(parser, path, flag="--output"):
     """Check an output file before any work, or exit 2 with one line naming the flag."""
-    problem = output_file_problem(path)
-    if problem is not None:
+    if (problem := output_file_problem(path)) is not None:
         parser.error(f"argument {flag}: {problem}")
 
 
@@ -559,11 +557,6 @@ def write_files(files):
         # another run created a folder of the path meanwhile: plan again
 
 
-def write_text_atomic(path, text):
-    """Write one file through the stage beside it (see `write_files`)."""
-    write_files({path: text})
-
-
 def csv_text(rows, columns):
     """Rows (dicts) as CSV text: header, one line per row, floats as Python repr, '\\n' line ends."""
     buffer = io.StringIO()
@@ -669,6 +662,13 @@ def run_cli(main_function):
         sys.unraisablehook = previous_unraisablehook
         for signum, handler in previous_handlers.items():  # as found: a caller running main() in-process
             signal.signal(signum, handler)
+
+
+def flags_first(parse):
+    """Run `parse()`, the flags and main()'s checks of them, as run_cli runs main(): exit on --help or a bad flag."""
+    status = run_cli(parse)
+    if isinstance(status, int):  # an exit (0 after --help); good flags return the parsed namespace
+        sys.exit(status)
 
 
 def _run(main_function):
