@@ -23,16 +23,68 @@ import math
 import os
 import sys
 
-import torch
-
-import countdown  # pass@k, chapter 10
-from lab.checks import torch_threads
-from lab.io import OneLineErrorParser, json_text, output_folder_or_exit, run_cli, write_files
-import rl_lab  # noqa: F401  the atoms every chapter is built from
+from lab.io import OneLineErrorParser, flags_first, json_text, output_folder_or_exit, run_cli, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # the committed run of chapter 10 is read from here
 OUTPUT = "results-course"
 SEED = 7
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+# The chapters in the course's order (docs/learn/<name>.md), each with the names of the figures
+# plot_course.FIGURES draws for it: its keys, here without matplotlib (test_cli checks that the two agree).
+CHAPTER_FIGURES = {
+    "01-log-probabilities": ("shift",),
+    "02-policy-gradient": ("sample-error",),
+    "03-baselines-and-gae": ("variance", "gae-weights", "lambda"),
+    "04-reusing-a-batch": ("corrections", "second-pass"),
+    "05-trust-regions": ("clip", "weights", "sapo-gate", "dppo-region", "gmpo-clip", "sequence-weights"),
+    "06-kl-regularized-objective": ("beta", "estimators"),
+    "07-preferences": ("losses",),
+    "08-groups": ("weights",),
+    "09-sequences": ("token-weights", "overlong"),
+    "10-the-whole-loop": ("passk", "estimator", "entropy-mask"),
+}
+
+
+def file_names(chapter):
+    """The names of the files a chapter writes: its JSON, then each of its figures."""
+    return [f"{chapter}.json"] + [f"{chapter}-{name}.svg" for name in CHAPTER_FIGURES[chapter]]
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="course.py",
+        description="Compute the numbers and figures of the course (docs/learn/) from the atoms.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--chapter", choices=("all", *CHAPTER_FIGURES), default="all",
+                        help="one chapter, or all of them")
+    parser.add_argument("--output", default=OUTPUT, help="the folder for the JSON reports and figures")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with every file of the output checked before any work (a bad one exits 2 with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    chapters = list(CHAPTER_FIGURES) if args.chapter == "all" else [args.chapter]
+    # a folder, link or pipe where one of the files goes is refused with the flag
+    output_folder_or_exit(parser, args.output, [name for chapter in chapters for name in file_names(chapter)])
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch and the atoms after the flags: `import torch` takes a second or more, --help none of it
+import torch
+
+import countdown  # pass@k, chapter 10
+from lab.checks import torch_threads
+import rl_lab  # noqa: F401  the atoms every chapter is built from
 
 
 def _rounded(value, digits=12):
@@ -1184,13 +1236,6 @@ def compute(chapter):
     return {"chapter": chapter, **_rounded(values)}
 
 
-def file_names(chapter):
-    """The names of the files a chapter writes: its JSON, then each of its figures."""
-    import plot_course
-
-    return [f"{chapter}.json"] + [f"{chapter}-{name}.svg" for name in plot_course.FIGURES.get(chapter, {})]
-
-
 def files_of(chapter, report):
     """{relative file name: text or bytes}: the chapter's JSON and each of its figures."""
     import plot_course
@@ -1201,24 +1246,9 @@ def files_of(chapter, report):
     return files
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="course.py",
-        description="Compute the numbers and figures of the course (docs/learn/) from the atoms.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--chapter", choices=("all", *CHAPTERS), default="all",
-                        help="one chapter, or all of them")
-    parser.add_argument("--output", default=OUTPUT, help="the folder for the JSON reports and figures")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     chapters = list(CHAPTERS) if args.chapter == "all" else [args.chapter]
-    # every file is checked before any work: a folder, link or pipe where one goes is refused with the flag
-    output_folder_or_exit(parser, args.output, [name for chapter in chapters for name in file_names(chapter)])
     files = {}
     for chapter in chapters:
         for name, data in files_of(chapter, compute(chapter)).items():

@@ -23,20 +23,56 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
-
-from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
 from lab.settings import SEED, STEPS, add_shared_argument
 from lab.io import (
     OneLineErrorParser,
     csv_text,
+    flags_first,
     float_flag,
     json_text,
     output_folder_or_exit,
     run_cli,
     write_files,
 )
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+GAE_LAMBDA = 0.95
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="ppo_chain.py",
+        description="Train PPO with a critic and GAE on a two-step decision tree whose only reward is terminal.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_shared_argument(parser, STEPS, 120)
+    add_shared_argument(parser, SEED, 7)
+    parser.add_argument("--gae-lambda", type=float_flag(0.0, 1.0), default=GAE_LAMBDA,
+                        help="GAE lambda in [0, 1]: 0 = one-step TD advantages, 1 = Monte Carlo (gamma is 1)")
+    parser.add_argument("--output", default="results-chain",
+                        help="folder for ppo-chain.csv and ppo-chain.json (created if missing)")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with the output checked before any work (a bad one exits 2 with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    output_folder_or_exit(parser, args.output, ["ppo-chain.csv", "ppo-chain.json"])
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch and the bandit's atoms after the flags: `import torch` takes a second or more, --help none of it
+import torch
+import torch.nn.functional as F
+
+from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
 from rl_lab import DEVICE, DTYPE, MAX_STEPS, SEED_LIMIT, categorical_kl, clipped_policy_loss, gae
 
 # ---------------------------------------------------------------------------------------------
@@ -50,7 +86,6 @@ TRANSITIONS_PER_EPISODE = 2
 EPISODES_PER_BATCH = 64
 MAX_EPISODES = 1_000_000  # per rollout call: far above any use here, and well inside memory
 GAMMA = 1.0  # undiscounted: the episode is two steps long, so the terminal reward counts in full
-GAE_LAMBDA = 0.95
 # The PPO hyperparameters equal the bandit's, restated here so that the chain's published reference
 # does not move if the bandit is ever retuned.
 LEARNING_RATE = 0.08
@@ -334,25 +369,8 @@ def train(*, steps=120, seed=7, gae_lambda=GAE_LAMBDA):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="ppo_chain.py",
-        description="Train PPO with a critic and GAE on a two-step decision tree whose only reward is terminal.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_shared_argument(parser, STEPS, 120)
-    add_shared_argument(parser, SEED, 7)
-    parser.add_argument("--gae-lambda", type=float_flag(0.0, 1.0), default=GAE_LAMBDA,
-                        help="GAE lambda in [0, 1]: 0 = one-step TD advantages, 1 = Monte Carlo (gamma is 1)")
-    parser.add_argument("--output", default="results-chain",
-                        help="folder for ppo-chain.csv and ppo-chain.json (created if missing)")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    output_folder_or_exit(parser, args.output, ["ppo-chain.csv", "ppo-chain.json"])
+    args = parse(argv)
     rows, report = train(steps=args.steps, seed=args.seed, gae_lambda=args.gae_lambda)
     csv_path = os.path.join(args.output, "ppo-chain.csv")
     json_path = os.path.join(args.output, "ppo-chain.json")

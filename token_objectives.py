@@ -27,6 +27,36 @@ import argparse
 import math
 import sys
 
+from lab.io import OneLineErrorParser, flags_first, json_text, output_file_or_exit, run_cli, write_files
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="token_objectives.py",
+        description="DPO, GRPO and CISPO on two fixed token sequences (one SGD step each) plus the lesson's "
+                    "GRPO/CISPO trace, written as one JSON report.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--output", default="results-tokens.json", help="the JSON report file")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with the output checked before any work (a bad one exits 2 with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    output_file_or_exit(parser, args.output)
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch and the bandit's atoms after the flags: `import torch` takes a second or more, --help none of it
 import torch
 
 from lab.checks import (
@@ -37,7 +67,6 @@ from lab.checks import (
     torch_threads,
     training_mode,
 )
-from lab.io import OneLineErrorParser, json_text, output_file_or_exit, run_cli, write_files
 from rl_lab import (
     DEVICE,
     DTYPE,
@@ -598,21 +627,8 @@ def summary_text(report):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="token_objectives.py",
-        description="DPO, GRPO and CISPO on two fixed token sequences (one SGD step each) plus the lesson's "
-                    "GRPO/CISPO trace, written as one JSON report.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--output", default="results-tokens.json", help="the JSON report file")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    output_file_or_exit(parser, args.output)
+    args = parse(argv)
     report = run()
     write_files({args.output: json_text(report)})
     print(summary_text(report), end="")
