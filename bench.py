@@ -27,6 +27,43 @@ import sys
 import tempfile
 import time
 
+from lab.io import OneLineErrorParser, flags_first, int_flag, json_text, output_file_or_exit, run_cli, write_files
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+PARTS = ("all", "drivers", "transformer", "suite")
+
+
+def build_parser():
+    parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
+                                "training loop, tokens/s; the tiny transformer's sampling, SFT and RL run.")
+    parser.add_argument("--runs", type=int_flag(1, 50), default=3,
+                        help="runs of each figure, integer in [1, 50]; the median is shown (default: 3)")
+    parser.add_argument("--part", choices=PARTS, default="all",
+                        help="what to time: the drivers (whole process, loop, tokens/s), the transformer "
+                             "(tiny_lm sampling and scoring, SFT, one RL run), the test suite (python -m "
+                             "unittest), or all (default: all)")
+    parser.add_argument("--output", default=None,
+                        help="also write the figures, the printed lines and the machine to this JSON file "
+                             "(default: off, print only)")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with the output file checked before any timing (a bad one exits 2 with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.output is not None:
+        output_file_or_exit(parser, args.output)
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch and the drivers after the flags: `import torch` takes a second or more, --help none of it
 import torch
 
 import online_tokens
@@ -35,7 +72,6 @@ import rl_lab
 import tiny_lm
 import token_objectives
 from lab.checks import machine, torch_threads
-from lab.io import OneLineErrorParser, int_flag, json_text, output_file_or_exit, run_cli, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STARTUP = "import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])"
@@ -252,30 +288,12 @@ def transformer_lines(runs):
     return lines, figures
 
 
-PARTS = ("all", "drivers", "transformer", "suite")
-
-
 def suite_lines(runs):
     """(lines, figures) of the test suite: `python -m unittest` in this folder, as .ci/run runs it,
     in a fresh process; figures {"seconds", "min_seconds"}."""
     median, least = timed_process(["-m", "unittest", "--quiet"], runs, HERE)
     return [f"test suite (python -m unittest): {median:.0f} s [{least:.0f}]"], \
         {"seconds": round(median, 1), "min_seconds": round(least, 1)}
-
-
-def build_parser():
-    parser = OneLineErrorParser(prog="bench.py", description="Time every driver: whole process, start-up, "
-                                "training loop, tokens/s; the tiny transformer's sampling, SFT and RL run.")
-    parser.add_argument("--runs", type=int_flag(1, 50), default=3,
-                        help="runs of each figure, integer in [1, 50]; the median is shown (default: 3)")
-    parser.add_argument("--part", choices=PARTS, default="all",
-                        help="what to time: the drivers (whole process, loop, tokens/s), the transformer "
-                             "(tiny_lm sampling and scoring, SFT, one RL run), the test suite (python -m "
-                             "unittest), or all (default: all)")
-    parser.add_argument("--output", default=None,
-                        help="also write the figures, the printed lines and the machine to this JSON file "
-                             "(default: off, print only)")
-    return parser
 
 
 def drivers_lines(runs):
@@ -300,10 +318,7 @@ def drivers_lines(runs):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.output is not None:
-        output_file_or_exit(parser, args.output)
+    args = parse(argv)
     lines = [f"machine: {machine()}", f"runs per figure: {args.runs} (median, min in brackets)"]
     report = {"machine": machine(), "runs": args.runs, "part": args.part,
               "command": " ".join(["python bench.py", *(argv if argv is not None else sys.argv[1:])])}

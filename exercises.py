@@ -37,16 +37,10 @@ import traceback
 import types
 from dataclasses import dataclass
 
-import torch
-
-import online_algorithms
-import online_tokens
-import rl_lab
-from exercise_cases import BY_NAME, EXERCISES, failure
-from lab.checks import torch_threads
 from lab.io import (
     OneLineErrorParser,
     WriteFailed,
+    flags_first,
     input_file_problem,
     int_flag,
     one_line,
@@ -59,6 +53,85 @@ BANDIT_STEPS = 60  # a short run: the lab's four algorithms are above 0.97 expec
 ONLINE_STEPS = 30  # the online task's success probability passes 0.98 by then
 SEED = 7
 SHOWN_CHARACTERS = 160  # an input or a value longer than this is cut in a report line
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+# the exercises' atoms in the course's order: exercise_cases.BY_NAME's keys without torch (test_cli checks them)
+ATOMS = ("response_token_logps", "completion_mask", "reinforce_loss", "gae", "truncated_importance_weights",
+         "clipped_policy_loss", "cispo_policy_loss", "sequence_log_ratio", "kl_k1", "kl_k2", "kl_k3", "categorical_kl",
+         "dpo_loss", "group_advantages", "rloo_advantages", "reduce_token_loss", "overlong_penalty", "pass_at_k")
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="exercises.py",
+        description="The course's exercises: write the lab's atoms in your own file (start), have them graded by "
+                    "the lab's own cases (check), then train the bandit and the online task with them (train).",
+    )
+    parser.add_argument("command", choices=("start", "check", "train"), metavar="{start,check,train}",
+                        help="start: write the stubs; check: grade them; train: train with the ones that pass")
+    parser.add_argument("--file", default=DEFAULT_FILE,
+                        help=f"the learner's file; start refuses to replace an existing path (default: {DEFAULT_FILE})")
+    parser.add_argument("--bare", action="store_true",
+                        help="start: stubs without the formulas, to derive them from the chapters (default: off, "
+                             "each stub gives its formula)")
+    parser.add_argument("--atom", choices=ATOMS, metavar="NAME",
+                        help="check: grade this one atom only, by the lab's name of it (default: every atom)")
+    parser.add_argument("--steps", type=int_flag(1, 1000), default=BANDIT_STEPS,
+                        help=f"train: bandit iterations per algorithm, in [1, 1000] (default: {BANDIT_STEPS})")
+    parser.add_argument("--online-steps", type=int_flag(1, 1000), default=ONLINE_STEPS,
+                        help=f"train: online task iterations per algorithm, in [1, 1000] (default: {ONLINE_STEPS})")
+    return parser
+
+
+def file_problem(command, path):
+    """Why --file cannot be used by `command` (start writes it, check and train read it), or None."""
+    if command == "start":
+        if os.path.lexists(path):
+            return f"{path} already exists; start never replaces a file (choose another --file)"
+        folder = os.path.dirname(path)
+        problem = output_file_problem(path)
+        if problem is None and folder and not os.path.isdir(folder):
+            problem = f"the folder {folder!r} does not exist (create it first)"
+        return problem
+    problem = "expected a file path" if not path else input_file_problem(path)
+    if problem is not None:
+        hint = f"; write one with python exercises.py start --file {path}" if path and not os.path.lexists(path) else ""
+        return f"{path!r}: {problem}{hint}"
+    return None
+
+
+def parse(argv=None):
+    """The flags, with every check made before any work (a bad one exits 2 with one line naming it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = set(argv if argv is not None else sys.argv[1:])
+    if args.atom is not None and args.command != "check":
+        parser.error(f"argument --atom: only applies to check, not to {args.command}")
+    if args.bare and args.command != "start":
+        parser.error(f"argument --bare: only applies to start, not to {args.command}")
+    for flag in ("--steps", "--online-steps"):
+        if args.command != "train" and any(item == flag or item.startswith(flag + "=") for item in given):
+            parser.error(f"argument {flag}: only applies to train, not to {args.command}")
+    problem = file_problem(args.command, args.file)
+    if problem is not None:
+        parser.error(f"argument --file: {problem}")
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch and the lab's modules after the flags: `import torch` takes a second or more, --help none of it
+import torch
+
+import online_algorithms
+import online_tokens
+import rl_lab
+from exercise_cases import BY_NAME, EXERCISES, failure
+from lab.checks import torch_threads
 
 # ---------------------------------------------------------------------------------------------
 # start: the learner's file
@@ -143,14 +216,6 @@ def stub_text(file_name=DEFAULT_FILE, formulas=True):
 def start(parser, path, formulas=True):
     """Write the stubs to `path`; an existing path of any kind is refused and left as it is, and a write
     that fails (a full disk) leaves no file."""
-    if os.path.lexists(path):
-        parser.error(f"argument --file: {path} already exists; start never replaces a file (choose another --file)")
-    problem = output_file_problem(path)
-    folder = os.path.dirname(path)
-    if problem is None and folder and not os.path.isdir(folder):
-        problem = f"the folder {folder!r} does not exist (create it first)"
-    if problem is not None:
-        parser.error(f"argument --file: {problem}")
     text = stub_text(os.path.basename(path), formulas)
     created = False
     try:
@@ -462,18 +527,10 @@ def grade_file(module, path, names=None):
     return [grade(exercise, atom_of(module, exercise.name), path) for exercise in chosen_exercises(names)]
 
 
-def _learner_or_exit(parser, path):
-    problem = "expected a file path" if not path else input_file_problem(path)
-    if problem is not None:
-        hint = f"; write one with python exercises.py start --file {path}" if path and not os.path.lexists(path) else ""
-        parser.error(f"argument --file: {path!r}: {problem}{hint}")
-    return load_learner(path)
-
-
-def check(parser, path, atom):
+def check(path, atom):
     """Grade the learner's file, printing each atom's line as soon as it is known: a Ctrl-C (an atom that
     never returns) stops with the lines so far, the interrupted atom's and one line from run_cli."""
-    module = _learner_or_exit(parser, path)
+    module = load_learner(path)  # checked by parse
     grades = []
     for exercise in chosen_exercises(None if atom is None else [atom]):
         try:
@@ -611,8 +668,8 @@ def lab_run(name, steps):
     return run(steps)
 
 
-def train(parser, path, bandit_steps, online_steps):
-    module = _learner_or_exit(parser, path)
+def train(path, bandit_steps, online_steps):
+    module = load_learner(path)  # checked by parse
     grades = grade_file(module, path)
     passing = {result.name: atom_of(module, result.name) for result in grades if result.status == "passed"}
     if not passing:
@@ -661,46 +718,15 @@ def train(parser, path, bandit_steps, online_steps):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="exercises.py",
-        description="The course's exercises: write the lab's atoms in your own file (start), have them graded by "
-                    "the lab's own cases (check), then train the bandit and the online task with them (train).",
-    )
-    parser.add_argument("command", choices=("start", "check", "train"), metavar="{start,check,train}",
-                        help="start: write the stubs; check: grade them; train: train with the ones that pass")
-    parser.add_argument("--file", default=DEFAULT_FILE,
-                        help=f"the learner's file; start refuses to replace an existing path (default: {DEFAULT_FILE})")
-    parser.add_argument("--bare", action="store_true",
-                        help="start: stubs without the formulas, to derive them from the chapters (default: off, "
-                             "each stub gives its formula)")
-    parser.add_argument("--atom", choices=tuple(BY_NAME), metavar="NAME",
-                        help="check: grade this one atom only, by the lab's name of it (default: every atom)")
-    parser.add_argument("--steps", type=int_flag(1, 1000), default=BANDIT_STEPS,
-                        help=f"train: bandit iterations per algorithm, in [1, 1000] (default: {BANDIT_STEPS})")
-    parser.add_argument("--online-steps", type=int_flag(1, 1000), default=ONLINE_STEPS,
-                        help=f"train: online task iterations per algorithm, in [1, 1000] (default: {ONLINE_STEPS})")
-    return parser
-
-
 @torch_threads(1)  # tiny tensors, as the drivers
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    given = set(argv if argv is not None else sys.argv[1:])
-    if args.atom is not None and args.command != "check":
-        parser.error(f"argument --atom: only applies to check, not to {args.command}")
-    if args.bare and args.command != "start":
-        parser.error(f"argument --bare: only applies to start, not to {args.command}")
-    for flag in ("--steps", "--online-steps"):
-        if args.command != "train" and any(item == flag or item.startswith(flag + "=") for item in given):
-            parser.error(f"argument {flag}: only applies to train, not to {args.command}")
+    parser, args = build_parser(), parse(argv)  # the parser: start's last check, as it creates the file
     if args.command == "start":
         return start(parser, args.file, formulas=not args.bare)
     try:
         if args.command == "check":
-            return check(parser, args.file, args.atom)
-        return train(parser, args.file, args.steps, args.online_steps)
+            return check(args.file, args.atom)
+        return train(args.file, args.steps, args.online_steps)
     except LearnerFileError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 1
