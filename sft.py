@@ -15,8 +15,8 @@ and carry no gradient. SFT on demonstrations (mostly correct, several different 
 prompt, some imperfect) gives a policy with a broad output distribution that solves some prompts but
 not all: room for RL to raise pass@1, and for pass@k to show whether it keeps its diversity.
 
-Read it top to bottom: the settings, turning (prompt, response) pairs into one padded batch, the loss
-(next-token cross-entropy on completion tokens only), training, the cache, the evaluation, the CLI.
+Read it top to bottom: the settings and the flags, turning (prompt, response) pairs into one padded batch, the loss
+(next-token cross-entropy on completion tokens only), training, the cache, the evaluation, main().
 
 Shape notation (as in tiny_lm.py): N sequences, T = P + R positions (P prompt positions, left-padded;
 R response positions, right-padded), V vocabulary; S samples per prompt.
@@ -34,13 +34,10 @@ import stat
 import sys
 import time
 
-import torch
-
-from countdown import CountdownTask, pass_at_k
-from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
 from lab.io import (
     OneLineErrorParser,
     Progress,
+    flags_first,
     int_flag,
     json_text,
     output_folder_or_exit,
@@ -56,28 +53,12 @@ from lab.settings import (
     given_options,
     setting,
 )
-from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate
 
 # ---------------------------------------------------------------------------------------------
-# Settings
+# Settings and the flags, first: --help and a bad flag answer before torch is loaded
 # ---------------------------------------------------------------------------------------------
 
-# Adam as language models are fine-tuned (GPT-3, nanoGPT): beta2 0.95 forgets old squared gradients
-# faster than the default 0.999, which keeps the step size in check when the loss landscape shifts.
-ADAM_BETAS = (0.9, 0.95)
-ADAM_EPS = 1e-8
-DTYPE = torch.float32  # SFT trains as an LM trainer does; the RL loop casts the weights to its own dtype
-PROGRESS_LINES = 10  # progress lines (and points of the report's loss curve) per run
-# the report's loss before and after training is over the first LOSS_ROWS demonstrations: a fixed set,
-# cheap to score (the whole set would add seconds for a number that differs in the third digit)
-LOSS_ROWS = 2048
-CACHE_FORMAT = 1  # part of the cache key: raise it when training or the files change meaning
-SFT_PREFIX = "sft-"
-MODEL_FILE, CONFIG_FILE, REPORT_FILE = "model.pt", "config.json", "report.json"
 EVALUATION_FILE = "evaluation.json"
-KEY_LENGTH = 12  # hex digits of the cache key: 48 bits, no collision among any realistic number of settings
-PASS_KS = (1, 4, 16, 64)
-DEFAULT_BATCH_ROWS = 4096  # sequences per forward pass in the evaluation: about 20 MB of activations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +112,77 @@ class SFTConfig:
                                                        f"its response cap of {task.max_new_tokens}), got {max_len}")
         return TinyLMConfig(vocab_size=len(task.vocab), n_layer=self.n_layer, n_head=self.n_head,
                             d_model=self.d_model, max_len=max_len, mlp_ratio=self.mlp_ratio)
+
+
+SETTINGS = declared(SFTConfig)
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="sft.py",
+        description="Train (or load from the cache in --output) the SFT warm start of the tiny transformer on "
+                    "the default Countdown task, then evaluate it on the train and test prompts: pass@k, "
+                    "entropy per token, distinct correct answers. Writes <output>/sft-<key>/ (the cache) and "
+                    "<output>/evaluation.json.",
+    )
+    add_arguments(parser, SETTINGS)
+    parser.add_argument("--samples", type=int_flag(1, 4096), default=64, metavar="SAMPLES",
+                        help="responses sampled per prompt; pass@k is reported for k in 1, 4, 16, 64 up to it, "
+                             "integer in [1, 4096] (default: 64)")
+    parser.add_argument("--eval-seed", type=int_flag(0, SEED_LIMIT - 1), default=0, metavar="EVAL_SEED",
+                        help="seed of the evaluation's sampling generator, integer in [0, 2**63 - 1] (default: 0)")
+    parser.add_argument("--max-prompts", type=int_flag(1, 100_000), default=None, metavar="MAX_PROMPTS",
+                        help="evaluate at most this many prompts per split, a random subset, integer in "
+                             "[1, 100000] (default: every prompt)")
+    parser.add_argument("--output", default="results-sft",
+                        help="the folder of the cache and of evaluation.json (default: results-sft)")
+    return parser
+
+
+def config_from(parser, args):
+    """The SFTConfig of the flags given, or exit 2 with one line naming the flag."""
+    try:
+        return SFTConfig(**given_options(args, SETTINGS))
+    except SettingError as error:
+        parser.error(f"argument {error.flag}: {error.reason}")
+
+
+def parse(argv=None):
+    """The flags, with the settings and the output checked before any work (a bad one exits 2 with one line).
+    What depends on the task's prompts (a --max-len too short for them, the cache folder) is checked by
+    main() once the task is built, still before any training."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config_from(parser, args)
+    output_folder_or_exit(parser, args.output, [EVALUATION_FILE])
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch, the task and the model after the flags: `import torch` takes a second or more, --help none of it
+import torch
+
+from countdown import CountdownTask, pass_at_k
+from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
+from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate
+
+# Adam as language models are fine-tuned (GPT-3, nanoGPT): beta2 0.95 forgets old squared gradients
+# faster than the default 0.999, which keeps the step size in check when the loss landscape shifts.
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+DTYPE = torch.float32  # SFT trains as an LM trainer does; the RL loop casts the weights to its own dtype
+PROGRESS_LINES = 10  # progress lines (and points of the report's loss curve) per run
+# the report's loss before and after training is over the first LOSS_ROWS demonstrations: a fixed set,
+# cheap to score (the whole set would add seconds for a number that differs in the third digit)
+LOSS_ROWS = 2048
+CACHE_FORMAT = 1  # part of the cache key: raise it when training or the files change meaning
+SFT_PREFIX = "sft-"
+MODEL_FILE, CONFIG_FILE, REPORT_FILE = "model.pt", "config.json", "report.json"
+KEY_LENGTH = 12  # hex digits of the cache key: 48 bits, no collision among any realistic number of settings
+PASS_KS = (1, 4, 16, 64)
+DEFAULT_BATCH_ROWS = 4096  # sequences per forward pass in the evaluation: about 20 MB of activations
 
 
 def _check_task(task):
@@ -659,39 +711,8 @@ def sample_evaluation(model, task, split, *, ks=PASS_KS, samples=64, generator, 
 # Command line
 # ---------------------------------------------------------------------------------------------
 
-SETTINGS = declared(SFTConfig)
 TABLE_ROWS = ("exact_pass@1", *(f"pass@{k}" for k in PASS_KS), "entropy_per_token", "distinct_correct_per_prompt",
               "solutions_per_prompt", "mean_length_correct", "mean_length_wrong", "truncation_rate")
-
-
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="sft.py",
-        description="Train (or load from the cache in --output) the SFT warm start of the tiny transformer on "
-                    "the default Countdown task, then evaluate it on the train and test prompts: pass@k, "
-                    "entropy per token, distinct correct answers. Writes <output>/sft-<key>/ (the cache) and "
-                    "<output>/evaluation.json.",
-    )
-    add_arguments(parser, SETTINGS)
-    parser.add_argument("--samples", type=int_flag(1, 4096), default=64, metavar="SAMPLES",
-                        help="responses sampled per prompt; pass@k is reported for k in 1, 4, 16, 64 up to it, "
-                             "integer in [1, 4096] (default: 64)")
-    parser.add_argument("--eval-seed", type=int_flag(0, SEED_LIMIT - 1), default=0, metavar="EVAL_SEED",
-                        help="seed of the evaluation's sampling generator, integer in [0, 2**63 - 1] (default: 0)")
-    parser.add_argument("--max-prompts", type=int_flag(1, 100_000), default=None, metavar="MAX_PROMPTS",
-                        help="evaluate at most this many prompts per split, a random subset, integer in "
-                             "[1, 100000] (default: every prompt)")
-    parser.add_argument("--output", default="results-sft",
-                        help="the folder of the cache and of evaluation.json (default: results-sft)")
-    return parser
-
-
-def config_from(parser, args):
-    """The SFTConfig of the flags given, or exit 2 with one line naming the flag."""
-    try:
-        return SFTConfig(**given_options(args, SETTINGS))
-    except SettingError as error:
-        parser.error(f"argument {error.flag}: {error.reason}")
 
 
 def summary_line(folder, report):
@@ -730,10 +751,8 @@ def table_text(evaluations):
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, args = build_parser(), parse(argv)
     config = config_from(parser, args)
-    output_folder_or_exit(parser, args.output, [EVALUATION_FILE])
     task = CountdownTask()
     try:
         folder = cache_folder_of(task, config, args.output)
