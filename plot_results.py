@@ -37,6 +37,7 @@ import warnings
 from lab.io import (
     MAX_INPUT_BYTES,
     OneLineErrorParser,
+    flags_first,
     input_file_problem,
     one_line,
     output_file_problem,
@@ -44,6 +45,54 @@ from lab.io import (
     write_files,
 )
 
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before matplotlib is loaded
+# ---------------------------------------------------------------------------------------------
+
+FORMATS = (".svg", ".png")
+
+
+def output_problem(output):
+    """A one-line reason why `output` cannot be a figure file, checked without creating anything."""
+    if os.path.splitext(output)[1].lower() not in FORMATS:
+        return f"expected a file name ending in .svg or .png, got {output!r}"
+    return output_file_problem(output)
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="plot_results.py",
+        description="Redraw figures from the lab's CSV/JSON outputs (kind detected from the files).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--input", nargs="+", default=["results"],
+                        help="one or more output folders of one kind, overlaid and labelled by their settings: "
+                             "bandit (results), chain (results-chain), online run, online --algorithm all, or an "
+                             "experiments.py experiment folder (results-experiments/NAME); or a token report .json")
+    parser.add_argument("--output", default="results/training-curves.svg",
+                        help="figure file; the extension chooses the format: .svg (deterministic) or .png; "
+                             "a missing folder is created")
+    return parser
+
+
+def parse(argv=None):
+    """The flags, with the output and the inputs' presence checked before any drawing (a bad one exits 2
+    with one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = output_problem(args.output)
+    if problem is not None:
+        parser.error(f"argument --output: {problem}")
+    for path in args.input:  # a path that is not there is a wrong flag; what a file holds is checked when read
+        if not os.path.lexists(path):
+            parser.error(f"argument --input: {path}: no such file or folder")
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# matplotlib after the flags: it takes half a second or more to load, --help and a bad flag none of it.
 # Without a writable home, matplotlib makes itself a temporary config and cache folder (removed at exit)
 # and logs a warning about it that would break the one-line stderr: that warning is silenced here.
 _matplotlib_log = logging.getLogger("matplotlib")
@@ -74,7 +123,6 @@ DASHES = ("-", "--", ":", "-.")
 BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]]
 CHAIN_INITIAL_RETURN = 0.3
 TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
-FORMATS = (".svg", ".png")
 # Settings that online_tokens.config resolves per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
 # 5.0 for cispo, ...): between two algorithms their difference is the algorithm's, so they label a run only
 # when runs of the same algorithm differ in them.
@@ -1583,38 +1631,8 @@ def save(figure, output):
     write_files({output: data})
 
 
-def output_problem(output):
-    """A one-line reason why `output` cannot be a figure file, checked without creating anything."""
-    if os.path.splitext(output)[1].lower() not in FORMATS:
-        return f"expected a file name ending in .svg or .png, got {output!r}"
-    return output_file_problem(output)
-
-
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="plot_results.py",
-        description="Redraw figures from the lab's CSV/JSON outputs (kind detected from the files).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--input", nargs="+", default=["results"],
-                        help="one or more output folders of one kind, overlaid and labelled by their settings: "
-                             "bandit (results), chain (results-chain), online run, online --algorithm all, or an "
-                             "experiments.py experiment folder (results-experiments/NAME); or a token report .json")
-    parser.add_argument("--output", default="results/training-curves.svg",
-                        help="figure file; the extension chooses the format: .svg (deterministic) or .png; "
-                             "a missing folder is created")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    problem = output_problem(args.output)
-    if problem is not None:
-        parser.error(f"argument --output: {problem}")
-    for path in args.input:  # a path that is not there is a wrong flag; what a file holds is checked when read
-        if not os.path.lexists(path):
-            parser.error(f"argument --input: {path}: no such file or folder")
+    parser, args = build_parser(), parse(argv)
     try:
         kind = render(args.input, args.output)
     except PlotInputError as error:
