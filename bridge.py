@@ -37,11 +37,41 @@ import tempfile
 import warnings
 from collections import defaultdict
 
+from lab.io import OneLineErrorParser, flags_first, run_cli
+
+# ---------------------------------------------------------------------------------------------
+# Command line: the flags first, so that --help and a bad flag answer before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="bridge.py",
+        description="Check the lab's map to TRL and verl against the installed libraries: build every mapped "
+                    "configuration (check), or compare the lab's losses with the libraries' own loss code on the "
+                    "same batch (conformance, a Markdown table). Needs requirements-bridge.txt.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser,
+                                     metavar="{check,conformance,e2e}")
+    commands.add_parser("check", help="build every mapped configuration into TRL's and verl's config objects")
+    commands.add_parser("conformance", help="the lab's losses against the libraries' on one float64 batch")
+    commands.add_parser("e2e", help="an exported TRL script trains 3 steps on a CPU; the lab recomputes one step")
+    return parser
+
+
+def parse(argv=None):
+    """The flags (a bad one exits 2 with one line)."""
+    return build_parser().parse_args(argv)
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch, the lab and the map after the flags: `import torch` takes a second or more, --help none of it
 import torch
 
 import online_tokens
 from lab.checks import torch_threads
-from lab.io import OneLineErrorParser, run_cli
 from library_map import ACTOR, VERL_NO_DUAL_CLIP, library_blocks
 from online_algorithms import WHITEN_EPS, GroupCredit, GroupFamily, PreferenceFamily
 from online_registry import ADVANTAGES, POLICY_LOSSES
@@ -1294,25 +1324,9 @@ def run_e2e(options=None, folder=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="bridge.py",
-        description="Check the lab's map to TRL and verl against the installed libraries: build every mapped "
-                    "configuration (check), or compare the lab's losses with the libraries' own loss code on the "
-                    "same batch (conformance, a Markdown table). Needs requirements-bridge.txt.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser,
-                                     metavar="{check,conformance,e2e}")
-    commands.add_parser("check", help="build every mapped configuration into TRL's and verl's config objects")
-    commands.add_parser("conformance", help="the lab's losses against the libraries' on one float64 batch")
-    commands.add_parser("e2e", help="an exported TRL script trains 3 steps on a CPU; the lab recomputes one step")
-    return parser
-
-
 @torch_threads(1)  # tiny tensors, as the drivers
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, args = build_parser(), parse(argv)
     try:
         if args.command == "check":
             lines, failures = run_check()
