@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from library_map import dpo_blocks, group_blocks, ppo_blocks
-from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of  # noqa: F401
+from online_registry import (  # noqa: F401
+    ADVANTAGES, ALGORITHMS, FOUR_ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, family_of)
 from rl_lab import (
     KL_ESTIMATORS,
     STRAIGHT_THROUGH_KINDS,
@@ -556,7 +557,6 @@ class PreferenceFamily:
 
 
 FAMILIES = {"group": GroupFamily, "ppo": TokenPPO, "dpo": PreferenceFamily}
-FOUR_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")  # --algorithm all: the article's three and CISPO
 
 
 def mean_of(values):

@@ -549,6 +549,7 @@ register_preference_loss("simpo", "simpo_loss", reads={"simpo_gamma": "gamma"}, 
 # ---------------------------------------------------------------------------------------------
 
 ALGORITHMS = ("ppo", "dpo") + tuple(POLICY_LOSSES)
+FOUR_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")  # --algorithm all: the article's three and CISPO
 FAMILY_COLORS = {"ppo": "#1f77b4", "dpo": "#d62728"}  # PPO and DPO are algorithms of their own family
 COLORS = FAMILY_COLORS | {name: entry.color for name, entry in POLICY_LOSSES.items()}
 

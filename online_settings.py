@@ -16,11 +16,31 @@ import dataclasses
 import hashlib
 
 from lab.settings import SEED, STEPS, SettingError, check_value, declared, setting
-from online_algorithms import LOSS_KL_ESTIMATORS, RATIO_CORRECTED_KL
 from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
-from policies import POLICIES, POLICY_DEFAULTS, SFT_DEFAULTS
-from tasks import TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, TASK_REWARDS, TASKS
-from rl_lab import REDUCTIONS, ROLLOUT_LEVELS, ROLLOUT_MODES, SAPO_MIN_TAU
+
+# What the declarations need from the modules that import torch, named here without torch, so that
+# online_tokens.py answers --help and a bad flag at once. test_cli checks each against its source.
+POLICIES = ("table", "transformer")  # policies.POLICIES
+TASKS = ("binary", "countdown")  # tasks.TASKS
+TASK_REWARDS = {"binary": ("reward",), "countdown": ("correct", "format")}  # tasks.TASK_REWARDS
+TASK_MIN_NEW_TOKENS = {"binary": 1, "countdown": 8}  # tasks.TASK_MIN_NEW_TOKENS
+SFT_STEPS = 1500  # sft.SFTConfig().steps
+LOSS_KL_ESTIMATORS = ("k1", "k2", "k3", "k3+", "k1+")  # online_algorithms.LOSS_KL_ESTIMATORS
+RATIO_CORRECTED_KL = "k3-is"  # online_algorithms.RATIO_CORRECTED_KL
+REDUCTIONS = ("sequence", "token", "constant")  # rl_lab.REDUCTIONS
+ROLLOUT_LEVELS = ("token", "sequence")  # rl_lab.ROLLOUT_LEVELS
+ROLLOUT_MODES = ("truncate", "mask")  # rl_lab.ROLLOUT_MODES
+SAPO_MIN_TAU = 1e-6  # rl_lab.SAPO_MIN_TAU
+
+# the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
+# longest expression over 4 numbers has 7 tokens + EOS
+TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens": 8}}
+# what a transformer needs besides the table's settings: Countdown as its task, a learning rate in the
+# usual fine-tuning range (a few times higher moves the policy far from its start without raising its test
+# success), 16 prompts a batch (at 8 many of Countdown's groups tie) and 100 iterations, about where test
+# success levels off (docs/transformer.md shows the committed run)
+POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_rate": 3e-4, "prompts": 16,
+                                                "steps": 100}}
 
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
@@ -59,9 +79,9 @@ class OnlineConfig:
     # every algorithm
     algorithm: str = setting("grpo", "what to train", choices=ALGORITHMS)
     policy: str = setting("table", "the policy: a lookup table (exact evaluation, no sharing) or a tiny transformer "
-                          "warm-started by SFT (tiny_lm.py)", choices=tuple(POLICIES))
+                          "warm-started by SFT (tiny_lm.py)", choices=POLICIES)
     task: str = setting("binary", "binary = write a number 0..5 in binary; countdown = reach a target with given "
-                        "numbers (needs --policy transformer)", choices=tuple(TASKS), default_text="binary; "
+                        "numbers (needs --policy transformer)", choices=TASKS, default_text="binary; "
                         "countdown with --policy transformer")
     steps: int = _shared(STEPS, 60)
     seed: int = _shared(SEED, 7)
@@ -98,7 +118,7 @@ class OnlineConfig:
     kl_estimator: str = setting("k3", "the per-token KL estimator (k3 as the lesson; k1 = log-ratio; k2 = half "
                                 "its square; k3-is = k3 times the ratio to the old policy, TRL's default; k3+ and "
                                 "k1+ = k3's and k1's value with k2's gradient, verl's)",
-                                choices=tuple(LOSS_KL_ESTIMATORS) + (RATIO_CORRECTED_KL,), applies=GROUP)
+                                choices=LOSS_KL_ESTIMATORS + (RATIO_CORRECTED_KL,), applies=GROUP)
     kl_in: str = setting("loss", "the KL as a loss term, or subtracted from each response's reward (beta times "
                          "its summed estimate) before the advantages", choices=("loss", "reward"), applies=GROUP)
     mask_truncated: bool = setting(False, "drop responses that hit the cap from the loss", applies=GROUP)
@@ -216,7 +236,7 @@ class OnlineConfig:
                                 choices=("mask", "arange"), policies=("transformer",))
     use_cache: bool = setting(True, "sample with the KV cache (--no-cache: a full forward pass per token; the same "
                               "samples)", flag="--no-cache", action="store_false", policies=("transformer",))
-    sft_steps: int = setting(SFT_DEFAULTS["steps"], "Adam steps of the SFT warm start (0: start from the random "
+    sft_steps: int = setting(SFT_STEPS, "Adam steps of the SFT warm start (0: start from the random "
                              "initialization)", low=0, high=100_000, policies=("transformer",))
     sft_folder: str = setting("results-sft", "the folder of cached SFT models, one subfolder per SFT setting "
                               "(reused by later runs with the same settings)", policies=("transformer",))

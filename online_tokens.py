@@ -33,13 +33,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-import torch
-
-from lab.checks import exp_limit, torch_threads, training_mode
 from lab.io import (
     OneLineErrorParser,
     Progress,
     csv_text,
+    flags_first,
     json_text,
     output_file_or_exit,
     output_folder_or_exit,
@@ -49,15 +47,124 @@ from lab.io import (
 )
 from library_export import export_trl, export_verl
 from lab.settings import SettingError, add_arguments, given_options, help_text
-from online_algorithms import ALGORITHMS, FAMILIES, FOUR_ALGORITHMS, family_of, groups_tie, mean_of
+from online_registry import ALGORITHMS, FOUR_ALGORITHMS, family_of
 from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block
+
+MAX_GRAD_NORM = 1.0
+EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: every flag from the settings' declarations, first, so that --help and a bad flag answer
+# before torch is loaded
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser():
+    parser = OneLineErrorParser(
+        prog="online_tokens.py",
+        description="Online RL of a tiny autoregressive policy with a rule-based verifier: PPO (critic + GAE), "
+                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO and every loss and advantage registered "
+                    "in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO; "
+                    "MaxRL, REINFORCE++, OPO, pass@k, GDPO, GPG), with the field's switches; writes "
+                    "online.csv and online.json (per algorithm, plus a comparison table for --algorithm all). "
+                    "Every option is off (or the first release's value) by default; one that does not apply "
+                    "to the algorithm is an error.",
+    )
+    algorithm = BY_NAME["algorithm"]
+    parser.add_argument("--algorithm", choices=ALGORITHMS + ("all",), default=None,
+                        help=help_text(dataclasses.replace(
+                            algorithm, help="what to train; 'all' = ppo, dpo, grpo, cispo from the same initial "
+                                            "policy at the same budget (B*G responses per iteration)")))
+    add_arguments(parser, [with_algorithms(item) for item in SETTINGS if item.name != "algorithm"])
+    parser.add_argument("--export", nargs=2, metavar=("LIBRARY", "FILE"), default=None,
+                        help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
+                             "run's settings (the GRPO family, the binary task); with verl, the verl 0.9.1 launch command "
+                             "with its overrides (see library_export.py; default: off, train)")
+    parser.add_argument("--output", default=None,
+                        help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
+                             "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
+                             "followed by every option that differs from its default, e.g. "
+                             "results-online-grpo-sequence-advantage-rloo; created when the files are written)")
+    return parser
+
+
+def with_algorithms(item):
+    """The setting with the algorithms it applies to in front of its help, unless it applies to all."""
+    where = "" if APPLIES[item.name] == ALGORITHMS else ", ".join(APPLIES[item.name])
+    if item.requires is not None:
+        flag = BY_NAME[item.requires[0]].option
+        values = [value for value in item.requires[1] if not isinstance(value, bool)]
+        where += f" with {flag} {' or '.join(values)}" if values else f" with {flag}"
+    return dataclasses.replace(item, help=f"{where.strip()}: {item.help}") if where else item
+
+
+def options_from(parser, args):
+    """(algorithm or "all", the options given); every option checked against every algorithm it will
+    train with, or exit 2 with one line naming the flag."""
+    options = given_options(args, [item for item in SETTINGS if item.name != "algorithm"])
+    algorithm = args.algorithm or BY_NAME["algorithm"].default
+    for name in FOUR_ALGORITHMS if algorithm == "all" else (algorithm,):
+        try:
+            resolve({**options, "algorithm": name})
+        except SettingError as error:
+            parser.error(f"argument {error.flag}: {error.reason}")
+    return algorithm, options
+
+
+def export_text_or_exit(parser, algorithm, options, library, path):
+    """The TRL script or the verl command of these settings, or exit 2 with one line when the library has no
+    trainer for them or the path cannot be written."""
+    if library not in EXPORTS:
+        parser.error(f"argument --export: expected trl or verl, got {library!r}")
+    if algorithm == "all":
+        parser.error("argument --export: one algorithm at a time (not all)")
+    output_file_or_exit(parser, path, flag="--export")
+    settings = dataclasses.asdict(resolve({**options, "algorithm": algorithm})) | {"max_grad_norm": MAX_GRAD_NORM}
+    try:
+        return EXPORTS[library](settings)
+    except ValueError as error:
+        parser.error(f"argument --export: {error}")
+
+
+def parse(argv=None):
+    """The flags, with every check made before any work: each option against every algorithm it trains with,
+    the export, the output folders (a bad one exits 2 with one line naming the flag)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    algorithm, options = options_from(parser, args)
+    if args.export is not None:
+        if args.output is not None:  # an export trains nothing, so it would write nothing there
+            parser.error("argument --output: not with --export, which writes only its FILE and trains nothing")
+        export_text_or_exit(parser, algorithm, options, *args.export)
+        return args
+    output = default_output(algorithm, options) if args.output is None else args.output
+    names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)
+    output_folder_or_exit(parser, output, ["comparison.csv", "comparison.md"] if algorithm == "all" else
+                          ["online.csv", "online.json"])
+    if algorithm == "all":  # each algorithm's folder too, before any training
+        for name in names:
+            output_folder_or_exit(parser, os.path.join(output, name), ["online.csv", "online.json"])
+    cfg = resolve({**options, "algorithm": names[0]})
+    if cfg.policy == "transformer":  # a transformer's SFT cache is written there when it is trained
+        output_folder_or_exit(parser, cfg.sft_folder, flag="--sft-folder")
+        separate_outputs_or_exit(parser, {"--sft-folder": cfg.sft_folder, "--output": output})
+    return args
+
+
+if __name__ == "__main__":
+    flags_first(parse)
+
+# torch, the policies and the atoms after the flags: `import torch` takes a second or more, --help none of it
+import torch
+
+from lab.checks import exp_limit, torch_threads, training_mode
+from online_algorithms import FAMILIES, groups_tie, mean_of
 import policies
 from policies import POLICIES, entropies, logps_of_tokens
 from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty
 from tasks import TASKS
 
-MAX_GRAD_NORM = 1.0
-EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
 
 COLUMNS = [
     "step", "optimizer_steps", "responses_sampled", "tokens_sampled", "total_tokens_sampled", "reward_mean",
@@ -601,63 +708,6 @@ def markdown_table(rows, columns):
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: every flag from the settings' declarations
-# ---------------------------------------------------------------------------------------------
-
-
-def build_parser():
-    parser = OneLineErrorParser(
-        prog="online_tokens.py",
-        description="Online RL of a tiny autoregressive policy with a rule-based verifier: PPO (critic + GAE), "
-                    "online DPO and its family, GRPO, CISPO, GSPO, SAPO and every loss and advantage registered "
-                    "in online_registry.py (DPPO, GMPO, Clip-Cov, KL-Cov, DRO, GPG, TOPR, CE-GPPO, VESPO, LUSPO; "
-                    "MaxRL, REINFORCE++, OPO, pass@k, GDPO, GPG), with the field's switches; writes "
-                    "online.csv and online.json (per algorithm, plus a comparison table for --algorithm all). "
-                    "Every option is off (or the first release's value) by default; one that does not apply "
-                    "to the algorithm is an error.",
-    )
-    algorithm = BY_NAME["algorithm"]
-    parser.add_argument("--algorithm", choices=ALGORITHMS + ("all",), default=None,
-                        help=help_text(dataclasses.replace(
-                            algorithm, help="what to train; 'all' = ppo, dpo, grpo, cispo from the same initial "
-                                            "policy at the same budget (B*G responses per iteration)")))
-    add_arguments(parser, [with_algorithms(item) for item in SETTINGS if item.name != "algorithm"])
-    parser.add_argument("--export", nargs=2, metavar=("LIBRARY", "FILE"), default=None,
-                        help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
-                             "run's settings (the GRPO family, the binary task); with verl, the verl 0.9.1 launch command "
-                             "with its overrides (see library_export.py; default: off, train)")
-    parser.add_argument("--output", default=None,
-                        help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
-                             "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
-                             "followed by every option that differs from its default, e.g. "
-                             "results-online-grpo-sequence-advantage-rloo; created when the files are written)")
-    return parser
-
-
-def with_algorithms(item):
-    """The setting with the algorithms it applies to in front of its help, unless it applies to all."""
-    where = "" if APPLIES[item.name] == ALGORITHMS else ", ".join(APPLIES[item.name])
-    if item.requires is not None:
-        flag = BY_NAME[item.requires[0]].option
-        values = [value for value in item.requires[1] if not isinstance(value, bool)]
-        where += f" with {flag} {' or '.join(values)}" if values else f" with {flag}"
-    return dataclasses.replace(item, help=f"{where.strip()}: {item.help}") if where else item
-
-
-def options_from(parser, args):
-    """(algorithm or "all", the options given); every option checked against every algorithm it will
-    train with, or exit 2 with one line naming the flag."""
-    options = given_options(args, [item for item in SETTINGS if item.name != "algorithm"])
-    algorithm = args.algorithm or BY_NAME["algorithm"].default
-    for name in FOUR_ALGORITHMS if algorithm == "all" else (algorithm,):
-        try:
-            resolve({**options, "algorithm": name})
-        except SettingError as error:
-            parser.error(f"argument {error.flag}: {error.reason}")
-    return algorithm, options
-
-
 def first_teaching_group(first_batch, group_size):
     """(1-based index, its responses) of the first group in `first_batch` (the JSON's decoded responses,
     group after group) whose rewards vary; (None, the first group) when every group's rewards tie."""
@@ -711,44 +761,24 @@ def _train_timed(options):
 
 
 def export(parser, algorithm, options, library, path):
-    """Write the TRL script or the verl command of these settings to `path` (no training); exit 2 with one
-    line when the library has no trainer for them or the path cannot be written."""
-    if library not in EXPORTS:
-        parser.error(f"argument --export: expected trl or verl, got {library!r}")
-    if algorithm == "all":
-        parser.error("argument --export: one algorithm at a time (not all)")
-    output_file_or_exit(parser, path, flag="--export")
-    settings = dataclasses.asdict(resolve({**options, "algorithm": algorithm})) | {"max_grad_norm": MAX_GRAD_NORM}
-    try:
-        text = EXPORTS[library](settings)
-    except ValueError as error:
-        parser.error(f"argument --export: {error}")
-    write_files({path: text})
+    """Write the TRL script or the verl command of these settings to `path` (no training); parse has
+    checked them."""
+    write_files({path: export_text_or_exit(parser, algorithm, options, library, path)})
     print(f"{library} export of {algorithm} -> {path}")
     return 0
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, args = build_parser(), parse(argv)
     algorithm, options = options_from(parser, args)
     if args.export is not None:
-        if args.output is not None:  # an export trains nothing, so it would write nothing there
-            parser.error("argument --output: not with --export, which writes only its FILE and trains nothing")
         return export(parser, algorithm, options, *args.export)
     output = default_output(algorithm, options) if args.output is None else args.output
     names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)
     folders = {name: os.path.join(output, name) if algorithm == "all" else output for name in names}
-    output_folder_or_exit(parser, output, ["comparison.csv", "comparison.md"] if algorithm == "all" else
-                          ["online.csv", "online.json"])
-    if algorithm == "all":  # each algorithm's folder too, before any training
-        for name in names:
-            output_folder_or_exit(parser, folders[name], ["online.csv", "online.json"])
     sft_folder = policies.sft_cache_folder(resolve({**options, "algorithm": names[0]}))
-    if sft_folder is not None:  # a transformer's SFT cache is written there when it is trained
-        output_folder_or_exit(parser, os.path.dirname(sft_folder), flag="--sft-folder")
+    if sft_folder is not None:  # its name holds the cache key, which needs the task: checked here, before training
         output_folder_or_exit(parser, sft_folder, policies.SFT_FILES, flag="--sft-folder")
-        separate_outputs_or_exit(parser, {"--sft-folder": os.path.dirname(sft_folder), "--output": output})
     files, summaries, comparison, timings = {}, [], [], []
     for name in names:
         try:

@@ -352,7 +352,6 @@ class TransformerCritic:
 # Building a run's policy from its settings
 # ---------------------------------------------------------------------------------------------
 
-SFT_DEFAULTS = {"steps": sft.SFTConfig().steps}
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -380,9 +379,3 @@ def sft_cache_folder(cfg):
 
 SFT_FILES = (sft.MODEL_FILE, sft.CONFIG_FILE, sft.REPORT_FILE)
 POLICIES = {"table": build_table, "transformer": build_transformer}
-# what a transformer needs besides the table's settings: Countdown as its task, a learning rate in the
-# usual fine-tuning range (a few times higher moves the policy far from its start without raising its test
-# success), 16 prompts a batch (at 8 many of Countdown's groups tie) and 100 iterations, about where test
-# success levels off (docs/transformer.md shows the committed run)
-POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_rate": 3e-4, "prompts": 16,
-                                                "steps": 100}}

@@ -142,9 +142,6 @@ TASKS = {  # name -> a builder of the task for responses of at most max_new_toke
     "binary": lambda max_new_tokens: BinaryTask(),
     "countdown": countdown_task,
 }
-# the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
-# longest expression over 4 numbers has 7 tokens + EOS
-TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens": 8}}
 # the rewards each task scores one by one (reward_components): Countdown's correctness and format
 TASK_REWARDS = {"binary": BinaryTask.reward_names, "countdown": CountdownTask.reward_names}
 # the shortest cap each task accepts: Countdown's verifier needs room for its longest expression and EOS
