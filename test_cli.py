@@ -8,22 +8,32 @@ Each program's own outputs and messages are tested in its own file; here only wh
 """
 
 import argparse
+import concurrent.futures
 import os
+import subprocess
+import sys
 import tempfile
 import unittest
 from dataclasses import dataclass, field
 
 import bench
+import countdown
 import course
+import exercise_cases
 import exercises
 import experiments
 import library_map
 import make_docs
+import online_algorithms
+import online_settings
 import online_tokens
+import plot_course
 import plot_results
+import policies
 import ppo_chain
 import rl_lab
 import sft
+import tasks
 import token_objectives
 from lab.testing import HERE, run_main, single_thread_module
 
@@ -280,6 +290,93 @@ class Contract(unittest.TestCase):
                                   f"{name} {action.option_strings[0]}: its help does not state its default")
                     self.assertNotIn("default: None", shown, f"{name} {action.option_strings[0]}")
                     self.assertIn(action.option_strings[0], stdout)
+
+
+# every program but experiments.py (a folder of its own soon) reads its flags before its heavy imports
+FLAGS_FIRST = [name for name in PROGRAMS if name != "experiments.py"] + ["bridge.py"]
+HEAVY = ("torch", "matplotlib.pyplot")  # modules of a second or more (torch) or half a second (pyplot)
+
+
+def imported_in_a_process(program, argv, stdout=subprocess.PIPE):
+    """(status, stdout, stderr without the import lines, the modules imported) of `python program argv`."""
+    finished = subprocess.run([sys.executable, "-X", "importtime", program, *argv], cwd=HERE, stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                              env={**os.environ, "COLUMNS": "1000"})
+    said, modules = [], set()
+    for line in finished.stderr.splitlines():
+        if line.startswith("import time:"):  # "import time: self [us] | cumulative | imported package"
+            modules.add(line.rsplit("|", 1)[-1].strip())
+        else:
+            said.append(line)
+    return finished.returncode, finished.stdout, "".join(line + "\n" for line in said), modules
+
+
+class FlagsFirst(unittest.TestCase):
+    """--help and a bad flag answer before torch (and pyplot) is imported, exactly as main() answers them."""
+
+    def test_help_and_a_bad_flag_import_neither_torch_nor_pyplot_and_answer_as_main_does(self):
+        cases = []
+        for name in FLAGS_FIRST:
+            bad = ["nope"] if name == "bridge.py" else PROGRAMS[name].bad[0][1]
+            cases += [(name, ["--help"]), (name, bad)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            processes = list(pool.map(lambda case: imported_in_a_process(*case), cases))
+        for (name, argv), (code, stdout, stderr, modules) in zip(cases, processes):
+            with self.subTest(program=name, argv=argv):
+                self.assertIn("lab.io", modules)  # the import lines were read
+                self.assertEqual([module for module in HEAVY if module in modules], [])
+                main = __import__("bridge").main if name == "bridge.py" else PROGRAMS[name].main
+                self.assertEqual((code, stdout, stderr), run_main(main, argv))
+                self.assertEqual(code, 0 if argv == ["--help"] else 2)
+                self.assertEqual(len(stderr.splitlines()), 0 if code == 0 else 1, stderr)
+
+    def test_every_bad_flag_is_refused_by_parse_which_runs_before_the_heavy_imports(self):
+        for name in FLAGS_FIRST[:-1]:
+            # make_docs.py and library_map.py import nothing heavy before main() has parsed: their main
+            parse = getattr(sys.modules[PROGRAMS[name].main.__module__], "parse", PROGRAMS[name].main)
+            for flag, argv in PROGRAMS[name].bad:
+                with self.subTest(program=name, argv=argv), tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
+                    extra = ["--output", os.path.join(tmp, "never")] if (
+                        PROGRAMS[name].output != "none" and "--output" not in argv) else []
+                    code, stdout, stderr = run_main(parse, argv + extra)
+                    self.assertEqual((code, stdout), (2, ""))
+                    self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                    self.assertIn(flag, stderr)
+
+    @unittest.skipUnless(os.path.exists("/dev/full"), "needs /dev/full")
+    def test_help_into_a_full_stdout_in_a_process_is_one_line_and_status_1(self):
+        with open("/dev/full", "w") as full:
+            code, _, stderr, modules = imported_in_a_process("rl_lab.py", ["--help"], stdout=full)
+        self.assertEqual(code, 1)
+        self.assertEqual(stderr, "rl_lab.py: error: cannot write to standard output: No space left on device\n")
+        self.assertNotIn("torch", modules)
+
+
+class TorchFreeNames(unittest.TestCase):
+    """The names a program's flags take from a module that imports torch are declared without it: each
+    declaration equals its source."""
+
+    def test_course_names_every_chapter_and_figure_as_plot_course_draws_them(self):
+        self.assertEqual(list(course.CHAPTER_FIGURES), list(course.CHAPTERS))
+        self.assertEqual(course.CHAPTER_FIGURES, {chapter: tuple(figures)
+                                                  for chapter, figures in plot_course.FIGURES.items()})
+
+    def test_exercises_names_every_atom_in_the_courses_order(self):
+        self.assertEqual(exercises.ATOMS, tuple(exercise_cases.BY_NAME))
+
+    def test_online_settings_names_what_the_torch_modules_define(self):
+        declared = online_settings
+        self.assertEqual(declared.POLICIES, tuple(policies.POLICIES))
+        self.assertEqual(declared.TASKS, tuple(tasks.TASKS))
+        self.assertEqual(declared.TASK_REWARDS, tasks.TASK_REWARDS)
+        self.assertEqual(declared.TASK_MIN_NEW_TOKENS, tasks.TASK_MIN_NEW_TOKENS)
+        self.assertEqual(declared.TASK_MIN_NEW_TOKENS["countdown"], 2 * countdown.CountdownConfig().numbers_per_prompt)
+        self.assertEqual(declared.SFT_STEPS, sft.SFTConfig().steps)
+        self.assertEqual(declared.LOSS_KL_ESTIMATORS, tuple(online_algorithms.LOSS_KL_ESTIMATORS))
+        self.assertEqual(declared.RATIO_CORRECTED_KL, online_algorithms.RATIO_CORRECTED_KL)
+        for name in ("REDUCTIONS", "ROLLOUT_LEVELS", "ROLLOUT_MODES", "SAPO_MIN_TAU"):
+            self.assertEqual(getattr(declared, name), getattr(rl_lab, name), name)
+        self.assertEqual(online_tokens.FOUR_ALGORITHMS, rl_lab.ALGORITHMS)  # --algorithm all: the bandit's four
 
 
 if __name__ == "__main__":
