@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 
-from lab.settings import SEED, STEPS, add_shared_argument
+from lab.settings import SEED, SEED_LIMIT, STEPS, add_shared_argument
 from lab.io import (
     OneLineErrorParser,
     csv_text,
@@ -73,7 +73,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
-from rl_lab import DEVICE, DTYPE, MAX_STEPS, SEED_LIMIT, categorical_kl, clipped_policy_loss, gae
+from rl_lab import DEVICE, DTYPE, MAX_STEPS, categorical_kl, clipped_policy_loss, gae
 
 # ---------------------------------------------------------------------------------------------
 # Setup

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 
-from lab.settings import SEED, STEPS, add_shared_argument
+from lab.settings import SEED, SEED_LIMIT, STEPS, add_shared_argument
 from lab.io import (
     OneLineErrorParser,
     csv_text,
@@ -121,7 +121,6 @@ from lab.checks import (
 
 DTYPE = torch.float64
 DEVICE = torch.device("cpu")
-SEED_LIMIT = 2**63
 
 
 # ---------------------------------------------------------------------------------------------
