@@ -50,7 +50,7 @@ SPLITS = ("train", "test")
 OPERATORS = "+-*"  # the allowed operators, in the order of their token ids
 MAX_NUMBERS_PER_PROMPT = 4  # exact enumeration: k numbers give sum_r k!/(k-r)! * ops^(r-1) expressions per set
 MAX_DEMONSTRATIONS = 1_000_000
-# pass_at_k's product takes c steps: a million samples (sft.evaluate's limit too; Chen et al. draw
+# pass_at_k's product takes c steps: a million samples (sft.sample_evaluation's limit too; Chen et al. draw
 # 200) cost about 0.1 s, while n = 10**9 would run for minutes
 PASS_AT_K_MAX_SAMPLES = 1_000_000
 REWARD_CORRECT = 1.0

@@ -123,12 +123,12 @@ DASHES = ("-", "--", ":", "-.")
 BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]]
 CHAIN_INITIAL_RETURN = 0.3
 TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
-# Settings that online_tokens.config resolves per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
+# Settings that online_settings.resolve sets per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
 # 5.0 for cispo, ...): between two algorithms their difference is the algorithm's, so they label a run only
 # when runs of the same algorithm differ in them.
 RESOLVED_PER_ALGORITHM = ("epsilon", "epsilon_high", "dpo_beta", "sequence_logp")
 LONGEST_LABEL_VALUE = 24  # a longer setting value is a sentence describing other settings, not a label
-MAX_PASS_K = 1_000_000  # sft.evaluate draws at most a million samples per prompt, so k is at most that
+MAX_PASS_K = 1_000_000  # sft.sample_evaluation draws at most a million samples per prompt, so k is at most that
 # sizes in points, chosen to read at 100% zoom (the figures are saved at 120 dpi)
 STYLE = {"font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
          "ytick.labelsize": 9.5, "legend.fontsize": 9.5, "figure.titlesize": 12.5, "lines.linewidth": 1.7}
