@@ -28,6 +28,7 @@ import torch
 
 import countdown
 import rl_lab
+from lab.checks import dtype_name
 
 DTYPE = torch.float64
 TOLERANCE = 1e-10  # absolute and relative, in float64: a correct formula is within ~1e-15
@@ -982,10 +983,6 @@ def _unusual(tensor):
     return None
 
 
-def _name(dtype):
-    return str(dtype).replace("torch.", "")
-
-
 def _dtype_differs(obtained, expected):
     """Why `obtained`'s dtype does not do for `expected`'s, or None: a float result in the expected float
     dtype (a float32 result cannot hold the float64 values to 1e-10); an integer or bool result where
@@ -994,7 +991,7 @@ def _dtype_differs(obtained, expected):
         fits = obtained.dtype == expected.dtype
     else:
         fits = not (obtained.is_floating_point() or obtained.is_complex())
-    return None if fits else f"expected dtype {_name(expected.dtype)}, got {_name(obtained.dtype)}"
+    return None if fits else f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(obtained.dtype)}"
 
 
 def compare(obtained, expected, exact=False):

@@ -158,7 +158,7 @@ if __name__ == "__main__":
 # torch, the policies and the atoms after the flags: `import torch` takes a second or more, --help none of it
 import torch
 
-from lab.checks import exp_limit, torch_threads, training_mode
+from lab.checks import dtype_name, exp_limit, torch_threads, training_mode
 from online_algorithms import FAMILIES, groups_tie, mean_of
 import policies
 from policies import POLICIES, entropies, logps_of_tokens
@@ -591,7 +591,7 @@ def settings_of(state):
         "old_policy": "a frozen snapshot taken before each batch is sampled",
         "optimizer": "Adam",
         "max_grad_norm": MAX_GRAD_NORM,
-        "dtype": str(state.policy.parameters()[0].dtype).replace("torch.", ""),
+        "dtype": dtype_name(state.policy.parameters()[0].dtype),
         "device": str(DEVICE),
         "torch": torch.__version__,
         **state.algorithm.settings(),

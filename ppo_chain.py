@@ -72,7 +72,7 @@ if __name__ == "__main__":
 import torch
 import torch.nn.functional as F
 
-from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
+from lab.checks import check_int, check_real, check_tensor, dtype_name, torch_threads, training_mode
 from rl_lab import DEVICE, DTYPE, MAX_STEPS, categorical_kl, clipped_policy_loss, gae
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def _settings(steps, seed, gae_lambda):
         "reference_kl": False,
         "advantage_normalization": False,
         "device": str(DEVICE),
-        "dtype": str(DTYPE).replace("torch.", ""),
+        "dtype": dtype_name(DTYPE),
         "torch": torch.__version__,
         "optimizer": "Adam",
         "adam_betas": [0.9, 0.999],

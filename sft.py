@@ -165,7 +165,7 @@ if __name__ == "__main__":
 import torch
 
 from countdown import CountdownTask, pass_at_k
-from lab.checks import check_int, check_real, check_tensor, torch_threads, training_mode
+from lab.checks import check_int, check_real, check_tensor, dtype_name, torch_threads, training_mode
 from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate
 
 # Adam as language models are fine-tuned (GPT-3, nanoGPT): beta2 0.95 forgets old squared gradients
@@ -404,7 +404,7 @@ def train_sft(task, config, progress=None):
         "settings": dataclasses.asdict(config),
         "task": task.settings(),
         "model": {"config": dataclasses.asdict(model_config), "parameters": model.num_parameters(),
-                  "dtype": str(DTYPE).replace("torch.", "")},
+                  "dtype": dtype_name(DTYPE)},
         "optimizer": {"name": "Adam", "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "grad_clip": config.grad_clip,
                       "schedule": "linear warm-up, then cosine decay to min_lr_ratio"},
         "demonstrations": _demonstration_summary(task, pairs),
@@ -435,7 +435,7 @@ def _key_inputs(task, config):
     and what it derives), the SFT settings, the model's config, the optimizer's constants, torch's version."""
     return {"format": CACHE_FORMAT, "task": task.settings(), "sft": dataclasses.asdict(config),
             "model": dataclasses.asdict(config.model_config(task)),
-            "optimizer": {"betas": list(ADAM_BETAS), "eps": ADAM_EPS}, "dtype": str(DTYPE).replace("torch.", ""),
+            "optimizer": {"betas": list(ADAM_BETAS), "eps": ADAM_EPS}, "dtype": dtype_name(DTYPE),
             "torch": torch.__version__}
 
 

@@ -64,6 +64,7 @@ from lab.checks import (
     check_same_dtype,
     check_same_shape,
     check_tensor,
+    dtype_name,
     torch_threads,
     training_mode,
 )
@@ -286,7 +287,7 @@ def _settings():
         "reduction": "per response (mean over its valid tokens), then mean over responses",
         "optimizer": "SGD, one step",
         "learning_rate": LEARNING_RATE,
-        "dtype": str(DTYPE).replace("torch.", ""),
+        "dtype": dtype_name(DTYPE),
         "device": str(DEVICE),
         "torch": torch.__version__,
     }

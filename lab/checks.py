@@ -29,8 +29,13 @@ INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
 _KINDS = ("float", "any_float", "int", "bool", "mask")
 
 
+def dtype_name(dtype):
+    """'float64' for torch.float64: a dtype as the JSON files and the messages name it."""
+    return str(dtype).replace("torch.", "")
+
+
 def _dtype_names(dtypes):
-    return ", ".join(str(dtype).replace("torch.", "") for dtype in dtypes)
+    return ", ".join(dtype_name(dtype) for dtype in dtypes)
 
 
 def check_tensor(name, value, *, kind="float", ndim=None, allow_empty=False):
@@ -170,7 +175,7 @@ def finite_result(name):
             if kwargs.get("check", True):
                 for tensor in result if isinstance(result, tuple) else (result,):
                     if tensor.is_floating_point() and not bool(torch.isfinite(stored(tensor)).all()):
-                        dtype = str(tensor.dtype).replace("torch.", "")
+                        dtype = dtype_name(tensor.dtype)
                         raise ValueError(f"{name}: the result overflows {dtype} (NaN or inf from finite arguments: "
                                          f"values, or a scalar applied to them, too large for {dtype})")
             return result
