@@ -42,6 +42,11 @@ TASK_DEFAULTS = {"binary": {"max_new_tokens": 5}, "countdown": {"max_new_tokens"
 POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_rate": 3e-4, "prompts": 16,
                                                 "steps": 100}}
 
+# a run's comparison row: the iterations and tokens until the exact success probability first reaches
+# TARGET_SUCCESS, lengths averaged over the last LAST_ITERATIONS iterations (one batch is noisy); the plotter
+# and the atlas read them from here
+TARGET_SUCCESS = 0.9
+LAST_ITERATIONS = 10
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 # B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core

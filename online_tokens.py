@@ -48,7 +48,8 @@ from lab.io import (
 from library_export import export_trl, export_verl
 from lab.settings import SettingError, add_arguments, given_options, help_text
 from online_registry import ALGORITHMS, FOUR_ALGORITHMS, family_of
-from online_settings import APPLIES, BY_NAME, SETTINGS, default_output, resolve, settings_block
+from online_settings import (
+    APPLIES, BY_NAME, LAST_ITERATIONS, SETTINGS, TARGET_SUCCESS, default_output, resolve, settings_block)
 
 MAX_GRAD_NORM = 1.0
 EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
@@ -663,8 +664,6 @@ COMPARISON_COLUMNS = [
     "tokens_to_0.9", "mean_correct_length", "mean_wrong_length", "kl_reference", "responses_sampled",
     "optimizer_steps",
 ]
-TARGET_SUCCESS = 0.9
-LAST_ITERATIONS = 10  # lengths are averaged over the last iterations: one batch is noisy
 
 
 def run_summary(rows):

@@ -112,6 +112,7 @@ from matplotlib.ticker import FixedLocator, FormatStrFormatter, MaxNLocator, Nul
 _matplotlib_log.setLevel(_previous_level)
 
 from online_registry import ALGORITHMS, COLORS  # no torch: the registry names its atoms
+from online_settings import TARGET_SUCCESS  # the comparison's "reached" level
 
 BANDIT_ALGORITHMS = ("ppo", "dpo", "grpo", "cispo")
 ONLINE_ALGORITHMS = ALGORITHMS  # online_tokens.ALGORITHMS, in figure order
@@ -122,7 +123,6 @@ DASHES = ("-", "--", ":", "-.")
 # rl_lab.reward_table(): the bandit's rewards R(x, a), used when a run's JSON does not give its own table
 BANDIT_REWARDS = [[1.0, 0.2, -0.5], [-0.5, 1.0, 0.2], [0.2, -0.5, 1.0], [1.0, -0.5, 0.2]]
 CHAIN_INITIAL_RETURN = 0.3
-TARGET_SUCCESS = 0.9  # online_tokens.TARGET_SUCCESS: the comparison's "reached" level
 # Settings that online_settings.resolve sets per algorithm (epsilon 0.2 but 3e-4 for gspo, epsilon_high
 # 5.0 for cispo, ...): between two algorithms their difference is the algorithm's, so they label a run only
 # when runs of the same algorithm differ in them.
