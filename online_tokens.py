@@ -163,7 +163,7 @@ from lab.checks import dtype_name, exp_limit, torch_threads, training_mode
 from online_algorithms import FAMILIES, groups_tie, mean_of
 import policies
 from policies import POLICIES, entropies, logps_of_tokens
-from rl_lab import DEVICE, completion_mask, masked, token_kl_penalty
+from rl_lab import DEVICE, completion_mask, masked, optimizer_step, token_kl_penalty
 from tasks import TASKS
 
 
@@ -404,12 +404,7 @@ def check_exponents(logps, batch, kept):
 
 def clip_grad_norm_step(state, loss):
     """Backward, one gradient-norm clip over every trained tensor (actor and critic), one Adam step."""
-    params = state.policy.parameters() + state.algorithm.parameters()
-    for param in params:  # what optimizer.zero_grad() does by default, without its per-call overhead
-        param.grad = None
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-    state.optimizer.step()
+    optimizer_step(state.optimizer, state.policy.parameters() + state.algorithm.parameters(), loss, MAX_GRAD_NORM)
     state.optimizer_steps += 1
 
 

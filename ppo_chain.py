@@ -73,7 +73,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.checks import check_int, check_real, check_tensor, dtype_name, torch_threads, training_mode
-from rl_lab import DEVICE, DTYPE, MAX_STEPS, categorical_kl, clipped_policy_loss, gae
+from rl_lab import DEVICE, DTYPE, MAX_STEPS, categorical_kl, clipped_policy_loss, gae, optimizer_step
 
 # ---------------------------------------------------------------------------------------------
 # Setup
@@ -346,10 +346,7 @@ def train(*, steps=120, seed=7, gae_lambda=GAE_LAMBDA):
             # the lambda-returns were computed from the old critic: a fixed regression target, not a moving one
             value_loss = (critic[states] - returns).square().mean()  # (S,) -> (T,) -> scalar
             loss = policy_loss + VALUE_COEF * value_loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)  # one norm over actor and critic together
-            optimizer.step()
+            optimizer_step(optimizer, params, loss, MAX_GRAD_NORM)  # one norm over actor and critic together
             optimizer_steps += 1
         # record: metrics after this iteration's updates; old_policy_kl is the early-stop statistic at the end
         rows.append(_row(step, optimizer_steps, old_policy_kl(old_actor, actor, states), actor, critic))

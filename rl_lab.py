@@ -2505,12 +2505,13 @@ def _initial_row(algorithm, logits, rewards, reference_logits):
     return row
 
 
-def _clip_grad_norm_step(optimizer, params, loss):
-    """One optimizer step on `loss` with the gradient norm clipped to MAX_GRAD_NORM over `params`."""
+def optimizer_step(optimizer, params, loss, max_grad_norm=MAX_GRAD_NORM):
+    """One optimizer step on `loss` with one gradient norm over all of `params` (every tensor the optimizer
+    trains: actor and critic together) clipped to max_grad_norm. The lab's drivers all update through it."""
     for param in params:  # what optimizer.zero_grad() does by default, without its per-call overhead
         param.grad = None
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
 
 
@@ -2596,7 +2597,7 @@ def _train_dpo(logits, reference_logits, rewards, clean_pairs, training_pairs, s
     for step in range(1, steps + 1):
         # update: one full-batch step on the fixed offline pairs (no sampling, no old policy)
         loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs)
-        _clip_grad_norm_step(optimizer, [logits], loss)
+        optimizer_step(optimizer, [logits], loss)
         # record: both diagnostics after the update, on the labels trained on and on the true ones
         with torch.no_grad():
             training_loss = _dpo_batch_loss(logits, ref_logp_table, training_pairs).item()
@@ -2661,7 +2662,7 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
             policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON, check=False).mean()
             value_loss = (values[contexts] - returns).square().mean()
             loss = policy_loss + VALUE_COEF * value_loss
-            _clip_grad_norm_step(optimizer, params, loss)
+            optimizer_step(optimizer, params, loss)
             optimizer_steps += 1
             losses.append(loss.item())
             value_losses.append(value_loss.item())
@@ -2713,7 +2714,7 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
                 )
             kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts], check=False).mean()
             loss = policy_loss + KL_BETA * kl_exact
-            _clip_grad_norm_step(optimizer, [logits], loss)
+            optimizer_step(optimizer, [logits], loss)
             optimizer_steps += 1
             losses.append(loss.item())
         # record (CISPO never zeroes a gradient: its clip_fraction stays 0)
