@@ -5,9 +5,10 @@
     python rl_lab.py --algorithm dpo --preference-flips 12 --output results-dpo-flips12
     python rl_lab.py --algorithm grpo --group-size 4 --grpo-prompts 32 --output results-grpo-g4
 
-The first half of this file holds the atoms: small pure functions, each written from its formula,
-each importable (`from rl_lab import gae`). The second half assembles them into training loops on a
-4-context x 3-action bandit whose reward table is known, so every metric is computed exactly.
+The file opens with its flags, read before torch is imported so that --help answers at once. The first
+half then holds the atoms: small pure functions, each written from its formula, each importable
+(`from rl_lab import gae`). The second half assembles them into training loops on a 4-context x 3-action
+bandit whose reward table is known, so every metric is computed exactly.
 
 Shape notation used everywhere in the lab: B prompts or sequences, G group size, N = B*G sampled
 responses, T tokens (or time steps), V vocabulary, X contexts, A actions, R response positions.
