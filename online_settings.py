@@ -44,7 +44,7 @@ POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_r
 
 # a run's comparison row: the iterations and tokens until the exact success probability first reaches
 # TARGET_SUCCESS, lengths averaged over the last LAST_ITERATIONS iterations (one batch is noisy); the plotter
-# and the atlas read them from here
+# and the atlas (atlas/runners.py) read them from here
 TARGET_SUCCESS = 0.9
 LAST_ITERATIONS = 10
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)

@@ -14,11 +14,12 @@ import ppo_chain
 import rl_lab
 from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, policy_gradient_bias,
                          reward_distribution)
+from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET
 from policies import logps_of_tokens
 from rl_lab import DTYPE
 
-TARGET = 0.9  # "learned": exact success probability (online) or best-action probability (bandit)
-LAST = 10  # iterations averaged for end-of-run statistics
+# TARGET: "learned", an exact success probability (online) or best-action probability (bandit) at least
+# this; LAST: the iterations averaged for end-of-run statistics. Both are the online comparison's own.
 STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups mostly tie: no signal)
 
 RUNNERS = {}  # name -> runner: what a configuration names and a worker runs
