@@ -30,6 +30,7 @@ import torch
 
 import bench
 import experiments
+from atlas import engine as atlas_engine
 from lab import io as lab_io
 import online_tokens
 import plot_results
@@ -804,11 +805,11 @@ class KilledMainProcess(unittest.TestCase):
                 return seed
 
             jobs = [("nap", index, "nap", seed, "nap", {}) for index, seed in enumerate((1, 2, 3))]
-            with mock.patch.dict(experiments.RUNNERS, {"nap": nap}):
+            with mock.patch.dict(atlas_engine.RUNNERS, {"nap": nap}):
                 main = os.fork()
                 if main == 0:  # pragma: no cover - the main process of the pool, in the fork
                     try:
-                        for _ in experiments._results_from_workers(jobs, 2):
+                        for _ in atlas_engine._results_from_workers(jobs, 2):
                             pass
                     finally:
                         os._exit(0)
