@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 
 from library_map import library_blocks
 
@@ -221,36 +222,199 @@ if __name__ == "__main__":
 '''
 
 
-VERL_LAUNCH = {
-    "data.train_files": "$HOME/data/binary/train.parquet",
-    "data.val_files": "$HOME/data/binary/test.parquet",
-    "actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
+# verl trains a pretrained model on GPUs: the model the export names when --model is not given
+VERL_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+VERL_DATA = "$HOME/data/rl_lab_{task}"  # the data folder when --export-data-dir is not given ($HOME: the shell's)
+VERL_DATA_COMMAND = "python online_tokens.py {task_flags} --export-data DIR"
+GPUS_PER_NODE = 8
+# A real model's numbers: (value, why). The lab's own are set for a table or a tiny transformer on a CPU.
+ACTOR_LR = (1e-6, "verl's default and its GRPO examples' for 0.5B-7B instruct models: the lab's rate moves a "
+                  "table of logits or a tiny transformer and would wreck a pretrained model within a few steps")
+CRITIC_LR = (1e-5, "verl's default: the critic's value head starts from scratch, so it learns faster than the actor")
+PROMPTS = (128, f"prompts per step: {GPUS_PER_NODE} GPUs need many sequences at once to stay busy; one mini-batch "
+                "of the whole batch keeps the lab's one Adam step per update")
+RESPONSE_TOKENS = (1024, "a BPE token is a few characters and an instruct model writes words, often a short "
+                         "reasoning, before its answer: the lab's cap counts its own one-character tokens")
+PROMPT_TOKENS = (512, "the chat template, the instruction and the numbers; data.truncation=error stops the run if "
+                      "a prompt is longer")
+MICRO_BATCH = (8, "sequences one GPU holds for a gradient (16 for a forward pass): memory only, the gradient is "
+                  "accumulated, so the loss does not change; lower them if a GPU runs out of memory")
+LOG_PROB_MICRO_BATCH = 16
+VALIDATION_SAMPLES = (16, "responses per prompt at the lab's temperature: verl logs best@k (pass@k of a 0/1 "
+                          "reward) for k = 2, 4, 8, 16")
+TEST_EVERY = (10, "steps between validations")
+# What the lab's settings of its own policy become, or why they have no place in verl: {setting: reason}
+NOT_CARRIED = {
+    "policy": "verl trains the model above; the lab's table or tiny transformer has no verl form",
+    "dtype": "bf16 forward passes with fp32 master weights and a bf16 vLLM: verl's defaults for GPUs, kept",
+    "sampler_dtype": "vLLM samples in bf16 (verl's default); --tis-cap / rollout_is corrects the mismatch",
+    "position_ids": "verl numbers a left-padded batch's positions from the attention mask (the lab's mask)",
+    "use_cache": "vLLM always samples with its KV cache",
+    "sft_steps": "verl starts from the model's own weights: an instruct model needs no warm start",
+    "sft_folder": "no SFT model to cache",
+    "eval_prompts": "the lab's exact success probability sums over every response; verl can only sample "
+                    "(validation on every test prompt, see val_kwargs)",
+    "eval_samples": "verl samples actor_rollout_ref.rollout.val_kwargs.n responses per test prompt",
+    "value_coef": "verl trains the critic as its own model with its own optimizer: no weight between the losses",
 }
 
 
-def export_verl(settings):
-    """The verl 0.9 launch command (python3 -m verl.trainer.main_ppo with Hydra overrides) for these
-    settings, with comments for what verl cannot do of them; for DPO, a comment saying why there is none.
-    Raises ValueError for settings that are not a resolved settings dict."""
+def _shown(value):
+    """A value as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _override(key, value):
+    text = f"{key}={_shown(value)}"
+    return f"'{text}'" if "[" in text else text  # a Hydra list would be a glob pattern to the shell
+
+
+def _real_model(settings, options):
+    """The overrides that scale the lab's run to a pretrained model on one node: {key: (value, the lab's
+    value or None, why)}, applied over the map's options."""
+    s, actor = settings, "actor_rollout_ref.actor."
+    scaled = {
+        actor + "optim.lr": (ACTOR_LR[0], s["learning_rate"], ACTOR_LR[1]),
+        "data.train_batch_size": (PROMPTS[0], s["prompts"], PROMPTS[1]),
+        actor + "ppo_mini_batch_size": (PROMPTS[0], s["prompts"], "= data.train_batch_size: one optimizer step "
+                                                                   "per update, as the lab's"),
+        "data.max_response_length": (RESPONSE_TOKENS[0], s["max_new_tokens"], RESPONSE_TOKENS[1]),
+        "data.max_prompt_length": (PROMPT_TOKENS[0], None, PROMPT_TOKENS[1]),
+    }
+    if actor + "loss_scale_factor" in options:  # Dr. GRPO divides by the cap: the new one
+        scaled[actor + "loss_scale_factor"] = (RESPONSE_TOKENS[0], s["max_new_tokens"], "= data.max_response_length")
+    if "+reward.reward_kwargs.max_resp_len" in options:  # DAPO's overlong buffer: the same share of the cap
+        cache = round(s["overlong_penalty"] * RESPONSE_TOKENS[0] / s["max_new_tokens"])
+        scaled["+reward.reward_kwargs.max_resp_len"] = (RESPONSE_TOKENS[0], s["max_new_tokens"],
+                                                        "= data.max_response_length")
+        scaled["+reward.reward_kwargs.overlong_buffer_cfg.len"] = (
+            cache, s["overlong_penalty"], f"the same share of the cap as the lab's {s['overlong_penalty']} of "
+                                          f"{s['max_new_tokens']}")
+    if s["algorithm"] == "ppo":
+        scaled["critic.optim.lr"] = (CRITIC_LR[0], None, CRITIC_LR[1])
+    return scaled
+
+
+def _inputs(model, data_dir):
+    """The launch's data, verifier and model: {key: value}."""
+    return {"data.train_files": f"{data_dir}/train.parquet", "data.val_files": f"{data_dir}/test.parquet",
+            # verl 0.9's key (the top-level custom_reward_function is its legacy name, moved here at start-up)
+            "reward.custom_reward_function.path": f"{data_dir}/rl_lab_verifier.py",
+            "reward.custom_reward_function.name": "compute_score",
+            "actor_rollout_ref.model.path": model}
+
+
+def _launch(settings, model):
+    """The overrides every launch needs beside the map's: the node, micro-batches, vLLM, the run's length,
+    seeds, schedule, weight decay and validation (and PPO's critic); {key: value}."""
+    s, actor, rollout = settings, "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+    launch = {
+        "trainer.nnodes": 1, "trainer.n_gpus_per_node": GPUS_PER_NODE, "trainer.logger": '["console"]',
+        "trainer.project_name": "rl_lab", "trainer.experiment_name": f"{s['algorithm']}-{s['task']}",
+        "trainer.total_training_steps": s["steps"], "trainer.total_epochs": s["steps"],
+        "trainer.test_freq": TEST_EVERY[0],
+        actor + "ppo_micro_batch_size_per_gpu": MICRO_BATCH[0],
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": LOG_PROB_MICRO_BATCH,
+        rollout + "log_prob_micro_batch_size_per_gpu": LOG_PROB_MICRO_BATCH,
+        rollout + "name": "vllm", rollout + "tensor_model_parallel_size": 1,
+        rollout + "val_kwargs.n": VALIDATION_SAMPLES[0], rollout + "val_kwargs.do_sample": True,
+        rollout + "val_kwargs.temperature": s["temperature"],
+        "data.seed": s["seed"], rollout + "seed": s["seed"], actor + "data_loader_seed": s["seed"],
+        actor + "optim.lr_scheduler_type": "constant", actor + "optim.lr_warmup_steps": 0,
+        actor + "optim.weight_decay": 0.0,
+    }
+    if s["algorithm"] == "ppo":
+        launch.update({"critic.model.path": model, "critic.ppo_micro_batch_size_per_gpu": MICRO_BATCH[0],
+                       "critic.optim.lr_scheduler_type": "constant", "critic.optim.lr_warmup_steps": 0,
+                       "critic.optim.weight_decay": 0.0, "critic.data_loader_seed": s["seed"]})
+    return launch
+
+
+def _task_flags(settings):
+    return "--task binary" if settings["task"] == "binary" else f"--policy {settings['policy']} --task countdown"
+
+
+def export_verl(settings, model=None, data_dir=None):
+    """The verl 0.9.1 launch command (python3 -m verl.trainer.main_ppo with Hydra overrides) of these
+    settings on `model` (None: VERL_MODEL) with the data and verifier of `data_dir` (None: VERL_DATA), a
+    shell script whose header names what verl does differently, what is set for a real model and why,
+    and every setting of the lab's that is not carried. Raises ValueError for DPO (verl 0.9.1 has no DPO
+    trainer) and for settings that are not a resolved settings dict."""
+    from online_settings import BY_NAME  # only the declarations; nothing is trained
+
     _check_settings(settings)
     block = library_blocks(settings)["verl"]
-    header = [f"# verl 0.9.1 launch of the lab's `python online_tokens.py {_flags(settings)}`"]
     if block["options"] is None:
-        return "\n".join(header + [f"# none: {block['reason']}"]) + "\n"
-    header += _comment_lines(block)
-    header += ["# the data files hold the task's prompts (verl's parquet format) and the model path is yours:",
-               "# the lab's tiny policy has no verl equivalent; the batch sizes are the lab's B prompts, and",
-               "# its learning rate moves a table of logits: set your model's (actor_rollout_ref.actor.optim.lr)."]
-    batch = settings["prompts"]
-    data = {"data.train_files": f"$HOME/data/{settings['task']}/train.parquet",
-            "data.val_files": f"$HOME/data/{settings['task']}/test.parquet"}
-    overrides = {**VERL_LAUNCH, **data, "data.train_batch_size": batch, "actor_rollout_ref.actor.ppo_mini_batch_size": batch,
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": batch * settings["group_size"],
-                 **block["options"]}
-    lines = ["python3 -m verl.trainer.main_ppo \\"]
+        raise ValueError(f"algorithm: {block['reason']}; verl 0.9.1's main_ppo trains the PPO family only, so "
+                         f"{settings['algorithm']} is not exported to verl")
+    model = VERL_MODEL if model is None else model
+    data_dir = VERL_DATA.format(task=settings["task"]) if data_dir is None else data_dir
+    scaled = _real_model(settings, block["options"])
+    # the inputs first, then the algorithm (the map's options, a real model's values in their places), then the node
+    overrides = {**_inputs(model, data_dir), **block["options"], **{key: value for key, (value, _, _) in scaled.items()},
+                 **_launch(settings, model)}
+    header = [
+        f"# verl 0.9.1 launch of the lab's `python online_tokens.py {_flags(settings)}`",
+        f"# on {model}, one node of {GPUS_PER_NODE} GPUs. The data and the verifier come from",
+        f"#   {VERL_DATA_COMMAND.format(task_flags=_task_flags(settings))}",
+        f"# (DIR/train.parquet, DIR/test.parquet, DIR/rl_lab_verifier.py); DIR here: {data_dir}.",
+        f"# verl draws data.train_batch_size prompts per step without replacement: train.parquet needs at least",
+        f"# {PROMPTS[0]} rows (the lab draws with replacement).",
+        "#",
+        "# What verl does differently from the lab (library_map.py):",
+        *_comment_lines(block),
+        "# Set for a real model (the lab's value -> this run's: why):",
+        *[f"#   {key}: {'-' if lab is None else _shown(lab)} -> {_shown(value)}: {why}"
+          for key, (value, lab, why) in scaled.items()],
+        f"#   micro-batches {MICRO_BATCH[0]} (update) and {LOG_PROB_MICRO_BATCH} (log-probs) per GPU: {MICRO_BATCH[1]}",
+        "#   rollout.name=vllm with tensor_model_parallel_size=1: a model under about 7B fits one GPU; raise it for a "
+        "larger one",
+        f"#   validation on test.parquet before training and every {TEST_EVERY[0]} steps, "
+        f"{VALIDATION_SAMPLES[0]} {VALIDATION_SAMPLES[1]}",
+        "#   trainer.logger=[console]: wandb needs an account (add it back to log there)",
+        "# The same as the lab's run:",
+        f"#   trainer.total_training_steps={settings['steps']} (--steps): a step samples the batch and takes "
+        f"--updates-per-batch ({settings['updates_per_batch']}) optimizer steps, as the lab's iteration; "
+        "total_epochs as many, so the step count ends the run",
+        f"#   --seed {settings['seed']}: data.seed, rollout.seed, data_loader_seed (verl's random streams are not "
+        "the lab's: the same seed draws other samples)",
+        "#   a constant learning rate without warm-up and weight decay 0 (the lab's Adam; verl's AdamW defaults to "
+        "0.01)",
+        "# Not carried (the lab's settings of its own policy and evaluation):",
+        *[f"#   {_given(BY_NAME[name], settings[name])}: {reason}" for name, reason in NOT_CARRIED.items()
+          if _applies(BY_NAME[name], settings)],
+    ]
+    # the list items are wrapped; the command lines above them stay whole, to be copied
+    header = [wrapped for line in header for wrapped in (_wrapped(line) if line.startswith("#   ") else [line])]
     items = list(overrides.items())
-    for index, (key, value) in enumerate(items):
-        shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value) \
-            if isinstance(value, float) else str(value)
-        lines.append(f"    {key}={shown}" + (" \\" if index < len(items) - 1 else ""))
+    lines = ["python3 -m verl.trainer.main_ppo \\"]
+    lines += [f"    {_override(key, value)}" + (" \\" if index < len(items) - 1 else "")
+              for index, (key, value) in enumerate(items)]
     return "\n".join(header + lines) + "\n"
+
+
+def _given(item, value):
+    """How the lab's command line gives this value: '--sft-steps 1500', '--no-cache not given'."""
+    if item.kind == "bool":
+        return f"{item.option} {'given' if value != item.default else 'not given'}"
+    return f"{item.option} not given" if value is None else f"{item.option} {_shown(value)}"
+
+
+def _applies(item, settings):
+    """Whether a setting applies to this run's algorithm and policy (its value changes the lab's run)."""
+    from online_settings import APPLIES  # only the declarations; nothing is trained
+
+    return settings["algorithm"] in APPLIES[item.name] and (item.policies is None or
+                                                              settings["policy"] in item.policies)
+
+
+def _wrapped(comment, width=110):
+    """A comment line wrapped to `width` characters, its continuation lines indented under its text."""
+    if len(comment) <= width:
+        return [comment]
+    indent = "#" + " " * (len(comment[1:]) - len(comment[1:].lstrip()) + 2)
+    return textwrap.wrap(comment, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)

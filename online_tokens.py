@@ -45,7 +45,7 @@ from lab.io import (
     separate_outputs_or_exit,
     write_files,
 )
-from library_export import export_trl, export_verl
+from library_export import VERL_DATA, VERL_MODEL, export_trl, export_verl
 from lab.settings import SettingError, add_arguments, given_options, help_text
 from online_registry import ALGORITHMS, FOUR_ALGORITHMS, family_of
 from online_settings import (
@@ -82,6 +82,13 @@ def build_parser():
                         help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
                              "run's settings (the GRPO family, the binary task); with verl, the verl 0.9.1 launch command "
                              "with its overrides (see library_export.py; default: off, train)")
+    parser.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                        help="with --export verl: the Hugging Face model (a hub name or a local folder) the launch "
+                             "trains, its learning rate, batch and lengths set for a pretrained model (default: "
+                             f"{VERL_MODEL})")
+    parser.add_argument("--export-data-dir", default=None, metavar="DIR",
+                        help="with --export verl: the folder of --export-data's train.parquet, test.parquet and "
+                             f"rl_lab_verifier.py that the launch reads (default: {VERL_DATA})")
     parser.add_argument("--output", default=None,
                         help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
                              "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
@@ -113,19 +120,28 @@ def options_from(parser, args):
     return algorithm, options
 
 
-def export_text_or_exit(parser, algorithm, options, library, path):
+def export_text_or_exit(parser, algorithm, options, library, path, launch):
     """The TRL script or the verl command of these settings, or exit 2 with one line when the library has no
-    trainer for them or the path cannot be written."""
+    trainer for them or the path cannot be written. `launch` holds --model and --export-data-dir (the verl
+    export's)."""
     if library not in EXPORTS:
         parser.error(f"argument --export: expected trl or verl, got {library!r}")
     if algorithm == "all":
         parser.error("argument --export: one algorithm at a time (not all)")
+    given = {key: value for key, value in launch.items() if value is not None}
+    if library != "verl" and given:
+        parser.error(f"argument --{next(iter(given)).replace('_', '-')}: only with --export verl")
     output_file_or_exit(parser, path, flag="--export")
     settings = dataclasses.asdict(resolve({**options, "algorithm": algorithm})) | {"max_grad_norm": MAX_GRAD_NORM}
     try:
-        return EXPORTS[library](settings)
+        return EXPORTS[library](settings, **given)
     except ValueError as error:
         parser.error(f"argument --export: {error}")
+
+
+def launch_of(args):
+    """The verl export's --model and --export-data-dir, as export_verl's keyword arguments."""
+    return {"model": args.model, "data_dir": args.export_data_dir}
 
 
 def parse(argv=None):
@@ -137,8 +153,11 @@ def parse(argv=None):
     if args.export is not None:
         if args.output is not None:  # an export trains nothing, so it would write nothing there
             parser.error("argument --output: not with --export, which writes only its FILE and trains nothing")
-        export_text_or_exit(parser, algorithm, options, *args.export)
+        export_text_or_exit(parser, algorithm, options, *args.export, launch=launch_of(args))
         return args
+    for flag, value in (("--model", args.model), ("--export-data-dir", args.export_data_dir)):
+        if value is not None:  # the lab trains its own policy on its own task: the flag would change nothing
+            parser.error(f"argument {flag}: only with --export verl")
     output = default_output(algorithm, options) if args.output is None else args.output
     names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)
     output_folder_or_exit(parser, output, ["comparison.csv", "comparison.md"] if algorithm == "all" else
@@ -754,10 +773,10 @@ def _train_timed(options):
     return rows, report, time.perf_counter() - started
 
 
-def export(parser, algorithm, options, library, path):
+def export(parser, algorithm, options, library, path, launch):
     """Write the TRL script or the verl command of these settings to `path` (no training); parse has
     checked them."""
-    write_files({path: export_text_or_exit(parser, algorithm, options, library, path)})
+    write_files({path: export_text_or_exit(parser, algorithm, options, library, path, launch)})
     print(f"{library} export of {algorithm} -> {path}")
     return 0
 
@@ -766,7 +785,7 @@ def main(argv=None):
     parser, args = build_parser(), parse(argv)
     algorithm, options = options_from(parser, args)
     if args.export is not None:
-        return export(parser, algorithm, options, *args.export)
+        return export(parser, algorithm, options, *args.export, launch=launch_of(args))
     output = default_output(algorithm, options) if args.output is None else args.output
     names = FOUR_ALGORITHMS if algorithm == "all" else (algorithm,)
     folders = {name: os.path.join(output, name) if algorithm == "all" else output for name in names}

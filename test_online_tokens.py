@@ -414,6 +414,32 @@ class OnlineCLI(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^settings: .* got NoneType"):
             library_export.export_verl(None)
 
+    def test_export_verl_takes_the_model_and_the_data_folder_and_refuses_dpo(self):
+        command = os.path.join(self.tmp.name, "run.sh")
+        argv = ["--policy", "transformer", "--task", "countdown", "--export", "verl", command,
+                "--model", "/models/mine", "--export-data-dir", "/data/countdown"]
+        code, stdout, stderr = run_main(online_tokens.main, argv)
+        self.assertEqual((code, stderr), (0, ""))
+        with open(command, encoding="utf-8") as handle:
+            lines = [line.strip().removesuffix(" \\") for line in handle if not line.startswith("#")]
+        for override in ("actor_rollout_ref.model.path=/models/mine", "data.train_files=/data/countdown/train.parquet",
+                         "reward.custom_reward_function.path=/data/countdown/rl_lab_verifier.py",
+                         "actor_rollout_ref.actor.optim.lr=1e-06", "trainer.total_training_steps=100",
+                         "actor_rollout_ref.actor.optim.weight_decay=0.0", "data.seed=7"):
+            self.assertIn(override, lines)
+        self.assertNotIn("actor_rollout_ref.actor.optim.lr=0.0003", lines)  # the lab's rate is not a 0.5B model's
+        for argv, flag in ((["--export", "trl", command + "2", "--model", "m"], "--model"),
+                           (["--export-data-dir", "d"], "--export-data-dir"),
+                           (["--algorithm", "dpo", "--export", "verl", command + "3"], "--export"),
+                           (["--algorithm", "dpo", "--offline", "--export", "verl", command + "4"], "--export")):
+            with self.subTest(argv=argv):
+                code, stdout, stderr = run_main(online_tokens.main, argv)
+                self.assertEqual((code, stdout), (2, ""))
+                self.assertTrue(stderr.startswith(f"online_tokens.py: error: argument {flag}: "), stderr)
+                self.assertEqual(len(stderr.splitlines()), 1)
+        self.assertIn("DPO trainer", stderr)
+        self.assertEqual(os.listdir(self.tmp.name), ["run.sh"])  # a refused export writes nothing
+
     def test_all_writes_four_folders_and_a_comparison_byte_identically(self):
         out = os.path.join(self.tmp.name, "four")
         argv = ["--algorithm", "all", "--steps", "3", "--output", out]
