@@ -243,6 +243,8 @@ LOG_PROB_MICRO_BATCH = 16
 VALIDATION_SAMPLES = (16, "responses per prompt at the lab's temperature: verl logs best@k (pass@k of a 0/1 "
                           "reward) for k = 2, 4, 8, 16")
 TEST_EVERY = (10, "steps between validations")
+# The settings that make the run what it is: unmatched in verl, the export refuses (a switch verl lacks is named)
+CORE = ("algorithm", "advantage")
 # What the lab's settings of its own policy become, or why they have no place in verl: {setting: reason}
 NOT_CARRIED = {
     "policy": "verl trains the model above; the lab's table or tiny transformer has no verl form",
@@ -343,7 +345,8 @@ def export_verl(settings, model=None, data_dir=None):
     settings on `model` (None: VERL_MODEL) with the data and verifier of `data_dir` (None: VERL_DATA), a
     shell script whose header names what verl does differently, what is set for a real model and why,
     and every setting of the lab's that is not carried. Raises ValueError for DPO (verl 0.9.1 has no DPO
-    trainer) and for settings that are not a resolved settings dict."""
+    trainer), for a loss or an advantage verl lacks (CORE) and for settings that are not a resolved
+    settings dict."""
     from online_settings import BY_NAME  # only the declarations; nothing is trained
 
     _check_settings(settings)
@@ -351,6 +354,9 @@ def export_verl(settings, model=None, data_dir=None):
     if block["options"] is None:
         raise ValueError(f"algorithm: {block['reason']}; verl 0.9.1's main_ppo trains the PPO family only, so "
                          f"{settings['algorithm']} is not exported to verl")
+    for key, reason in block["unmatched"].items():
+        if key.split("=")[0] in CORE:  # verl would train another algorithm under the lab's name
+            raise ValueError(f"{key.split('=')[0]}: {reason}, so {key.split('=')[1]} is not exported to verl")
     model = VERL_MODEL if model is None else model
     data_dir = VERL_DATA.format(task=settings["task"]) if data_dir is None else data_dir
     scaled = _real_model(settings, block["options"])

@@ -10,9 +10,12 @@ suite's count and time do not change. With it, `check` and `conformance` run onc
 import importlib
 import importlib.metadata
 import inspect
+import json
 import math
 import os
 import re
+import shlex
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -267,29 +270,13 @@ class Commands(unittest.TestCase):
 
 
 class Export(unittest.TestCase):
-    def test_exported_verl_command_composes_in_verl(self):
-        from hydra import compose
-
-        Shared.get()
-        for options in ({}, {"algorithm": "ppo"}, {"algorithm": "sapo", "overlong_penalty": 2},
-                        {"dynamic_sampling": True, "tis_cap": 2.0, "kl_in": "reward"}):
-            with self.subTest(options=options):
-                text = library_export.export_verl(bridge.run_settings(options))
-                lines = text.splitlines()
-                start = lines.index("python3 -m verl.trainer.main_ppo \\")
-                overrides = [line.strip().removesuffix(" \\") for line in lines[start + 1:]]
-                config = compose(config_name="ppo_trainer", overrides=overrides)
-                self.assertEqual(config.actor_rollout_ref.rollout.n, 8)
-                self.assertTrue(all(line.startswith("#") for line in lines[:start]))
-
     def test_export_says_where_there_is_nothing_to_export(self):
         with self.assertRaisesRegex(ValueError, "no PPO trainer"):
             library_export.export_trl(bridge.run_settings({"algorithm": "ppo"}))
         with self.assertRaisesRegex(ValueError, "GRPO family"):
             library_export.export_trl(bridge.run_settings({"algorithm": "dpo"}))
-        text = library_export.export_verl(bridge.run_settings({"algorithm": "dpo"}))
-        self.assertIn("no DPO trainer", text)
-        self.assertNotIn("python3", text)
+        with self.assertRaisesRegex(ValueError, "no DPO trainer"):
+            library_export.export_verl(bridge.run_settings({"algorithm": "dpo"}))
 
     def test_exported_trl_scripts_compile_and_carry_the_map(self):
         for options in ({}, {"advantage": "rloo", "kl_in": "reward", "kl_estimator": "k1"}, {"algorithm": "cispo"}):
@@ -308,6 +295,275 @@ class Export(unittest.TestCase):
         self.assertLessEqual(result["grad_difference"], bridge.E2E_TOLERANCE)
         self.assertGreater(result["nonzero_advantages"], 0)  # the warm start makes rewards vary
         self.assertGreater(result["max_log_ratio"], 0.2)  # the captured step is off-policy: the clip can bind
+
+
+# What verl.trainer.main_ppo runs before it needs a GPU, on each exported command, in a process of its own (Hydra's
+# main and Ray's import stay out of this one): verl's own Hydra main, which composes the command's overrides and runs
+# auto_set_device and validate_config(need_reference_policy, need_critic), with run_ppo (ray.init, the workers and
+# the GPUs) replaced by a capture of the config; then the dataclasses the workers build from it. argv: the model
+# folder to write, a JSON file of [label, exported file, override keys to drop] and the JSON file of the results.
+VERL_START_UP = r"""
+import json, os, shlex, sys, time, warnings
+warnings.simplefilter("ignore")
+os.environ["HYDRA_FULL_ERROR"] = "1"  # the error itself, not Hydra's exit(1)
+from omegaconf import OmegaConf
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, PreTrainedTokenizerFast
+import verl.trainer.main_ppo as main_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass
+
+model_dir, jobs_path, results_path = sys.argv[1:4]
+# a tiny model's config and tokenizer, written locally: verl reads both at start-up, and nothing is downloaded
+vocabulary = ["<pad>", "<bos>", "<eos>"] + [chr(code) for code in range(32, 127)]
+tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(vocabulary)}, unk_token="<pad>"))
+tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+tokenizer.decoder = decoders.Fuse()
+tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+tokenizer.save_pretrained(model_dir)
+LlamaConfig(vocab_size=len(vocabulary), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            architectures=["LlamaForCausalLM"]).save_pretrained(model_dir)
+captured = []
+main_ppo.run_ppo = lambda config, task_runner_class: captured.append(config)
+results = {}
+with open(jobs_path, encoding="utf-8") as handle:
+    jobs = json.load(handle)
+for label, path, drop in jobs:
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.removesuffix("\\") for line in handle.read().splitlines() if not line.startswith("#")]
+    words = shlex.split(" ".join(lines))
+    overrides = [word for word in words[3:] if word.split("=")[0] not in drop]
+    sys.argv = ["main_ppo", *overrides, "hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
+                "hydra/hydra_logging=disabled"]
+    started = time.perf_counter()
+    try:
+        main_ppo.main()
+        config = captured.pop()
+        nodes = (config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.algorithm,
+                 config.actor_rollout_ref.model, config.critic if need_critic(config) else None)
+        built = [None if node is None else type(omega_conf_to_dataclass(node)).__name__ for node in nodes]
+        values = {}
+        for word in overrides:
+            key = word.split("=")[0].lstrip("+")
+            value = OmegaConf.select(config, key)
+            values[key] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        results[label] = {"error": None, "command": words[:3], "dataclasses": built, "values": values,
+                          "need_critic": need_critic(config), "need_reference_policy": need_reference_policy(config),
+                          "device": config.trainer.device}
+    except Exception as error:
+        results[label] = {"error": f"{type(error).__name__}: {' '.join(str(error).split())}"}
+    results[label]["seconds"] = time.perf_counter() - started
+with open(results_path, "w", encoding="utf-8") as handle:
+    json.dump(results, handle)
+"""
+# Every export verl can run (the GRPO family with its switches, RLOO, Dr. GRPO, DAPO, CISPO, GSPO, SAPO, PPO), on
+# both tasks: the binary one (the table policy) and Countdown (the transformer's)
+VERL_EXPORTS = {
+    "grpo": {}, "grpo --epsilon-high 0.28": {"epsilon_high": 0.28},
+    "grpo --kl-in reward --kl-estimator k1": {"kl_in": "reward", "kl_estimator": "k1"},
+    "grpo --tis-cap 2.0": {"tis_cap": 2.0}, "grpo --mask-truncated": {"mask_truncated": True},
+    "rloo": {"advantage": "rloo"}, "dr-grpo": {"scale_rewards": "none", "reduction": "constant"},
+    "dapo": {"epsilon_high": 0.28, "reduction": "token", "overlong_penalty": 2, "dynamic_sampling": True},
+    "cispo": {"algorithm": "cispo"}, "gspo": {"algorithm": "gspo"}, "sapo": {"algorithm": "sapo"},
+    "ppo": {"algorithm": "ppo"},
+}
+VERL_TASKS = {"binary": {}, "countdown": {"policy": "transformer"}}
+# the overrides the review found missing: without each, verl's start-up must refuse the command
+VERL_NEEDED = {"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": ("grpo", "Please set at least one of "
+                                                                          "'actor_rollout_ref.ref.log_prob_micro"),
+               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": ("grpo", "Please set at least one of "
+                                                                               "'actor_rollout_ref.rollout.log_prob"),
+               "actor_rollout_ref.rollout.name": ("grpo", "Missing mandatory value: actor_rollout_ref.rollout.name"),
+               "critic.ppo_micro_batch_size_per_gpu": ("ppo", "Please set at least one of 'critic.micro_batch_size'")}
+
+
+def exported_words(text):
+    """The words of an exported verl command, as the shell splits them (comments and line continuations out)."""
+    return shlex.split(" ".join(line.removesuffix("\\") for line in text.splitlines() if not line.startswith("#")))
+
+
+def other_values(item, value):
+    """Values of a setting other than `value`, to try in turn (the first the lab accepts is used)."""
+    if item.kind == "bool":
+        return [not value]
+    if item.kind == "choice":
+        return [choice for choice in item.choices if choice != value]
+    if item.kind == "text":
+        return [value + "-other"]
+    numbers = ([] if value is None else [value * 2, value / 2, value + 1]) + [2.0, 3.0, 0.5, 0.1, 0.04, 1.5]
+    numbers = [int(round(number)) if item.kind == "int" else float(number) for number in numbers]
+    return [number for number in numbers if number != value]
+
+
+class VerlLaunch(unittest.TestCase):
+    """Every exported verl command, run through verl's own start-up (main_ppo up to ray.init) on a local model."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.model, cls.data = os.path.join(cls.tmp.name, "model"), os.path.join(cls.tmp.name, "data")
+        cls.texts, cls.settings, jobs = {}, {}, []
+        for task, task_options in VERL_TASKS.items():
+            for name, options in VERL_EXPORTS.items():
+                label, path = f"{name} ({task})", os.path.join(cls.tmp.name, f"{len(jobs)}.sh")
+                options = {**task_options, **options}
+                argv = shlex.split(bridge.settings_label(options)) if options else []
+                argv += ["--export", "verl", path, "--model", cls.model, "--export-data-dir", cls.data]
+                code, _, err = run_main(online_tokens.main, argv)
+                if code != 0:
+                    raise AssertionError(f"{label}: {err}")
+                with open(path, encoding="utf-8") as handle:
+                    cls.texts[label] = handle.read()
+                cls.settings[label] = bridge.run_settings(options)
+                jobs.append([label, path, []])
+        for key, (name, _) in VERL_NEEDED.items():
+            jobs.append([f"{name} without {key}", jobs[list(VERL_EXPORTS).index(name)][1], [key]])
+        jobs_path, results_path = os.path.join(cls.tmp.name, "jobs.json"), os.path.join(cls.tmp.name, "results.json")
+        with open(jobs_path, "w", encoding="utf-8") as handle:
+            json.dump(jobs, handle)
+        done = subprocess.run([sys.executable, "-c", VERL_START_UP, cls.model, jobs_path, results_path],
+                              cwd=cls.tmp.name, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise AssertionError(f"verl's start-up harness failed: {done.stderr[-2000:]}")
+        with open(results_path, encoding="utf-8") as handle:
+            cls.results = json.load(handle)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_every_export_passes_main_ppos_checks_and_builds_its_configs(self):
+        for label, s in self.settings.items():
+            with self.subTest(label=label):
+                result = self.results[label]
+                self.assertIsNone(result["error"])
+                self.assertEqual(result["command"], ["python3", "-m", "verl.trainer.main_ppo"])
+                ppo = s["algorithm"] == "ppo"
+                self.assertEqual(result["dataclasses"], ["FSDPActorConfig", "RolloutConfig", "AlgoConfig",
+                                                         "HFModelConfig", "FSDPCriticConfig" if ppo else None])
+                self.assertEqual(result["need_critic"], ppo)
+                self.assertEqual(result["need_reference_policy"], s["beta"] > 0)  # the KL's reference
+                self.assertEqual(result["device"], "cuda")  # auto_set_device keeps verl's GPU default
+
+    def test_every_override_reads_back_as_exported(self):
+        for label, text in self.texts.items():
+            with self.subTest(label=label):
+                values = self.results[label]["values"]
+                words = exported_words(text)[3:]
+                self.assertEqual(len(values), len(words))  # no key twice
+                for word in words:
+                    key, shown = word.split("=", 1)
+                    value = values[key.lstrip("+")]
+                    self.assertEqual(json.dumps(value) if isinstance(value, list) else bridge.hydra_value(value),
+                                     shown, key)
+
+    def test_a_real_models_settings_and_the_labs_run_length_seed_schedule_and_decay(self):
+        actor, rollout = ACTOR, "actor_rollout_ref.rollout."
+        for label, s in self.settings.items():
+            with self.subTest(label=label):
+                values = self.results[label]["values"]
+                expected = {
+                    actor + "optim.lr": 1e-6, "data.train_batch_size": 128, actor + "ppo_mini_batch_size": 128,
+                    "data.max_response_length": 1024, "actor_rollout_ref.model.path": self.model,
+                    "data.train_files": os.path.join(self.data, "train.parquet"),
+                    "reward.custom_reward_function.path": os.path.join(self.data, "rl_lab_verifier.py"),
+                    rollout + "name": "vllm", rollout + "n": s["group_size"], actor + "ppo_epochs": s["updates_per_batch"],
+                    "trainer.total_training_steps": s["steps"], "data.seed": s["seed"], rollout + "seed": s["seed"],
+                    actor + "optim.lr_scheduler_type": "constant", actor + "optim.lr_warmup_steps": 0,
+                    actor + "optim.weight_decay": 0.0}
+                if s["algorithm"] == "ppo":
+                    expected.update({"critic.model.path": self.model, "critic.optim.lr": 1e-5,
+                                     "critic.optim.weight_decay": 0.0, "critic.optim.lr_scheduler_type": "constant"})
+                self.assertEqual({key: values[key] for key in expected}, expected)
+                self.assertNotEqual(values[actor + "optim.lr"], s["learning_rate"])
+        self.assertEqual(self.settings["grpo (countdown)"]["steps"], 100)  # the transformer's own default, carried
+
+    def test_lengths_scale_with_the_cap_dr_grpo_and_dapos_overlong_buffer(self):
+        # the lab's cache of 2 tokens of its cap (5 binary, 8 Countdown), as the same share of verl's 1024
+        for task, cache in (("binary", 410), ("countdown", 256)):
+            with self.subTest(task=task):
+                dr_grpo = self.results[f"dr-grpo ({task})"]["values"]
+                self.assertEqual(dr_grpo[ACTOR + "loss_scale_factor"], 1024)  # = data.max_response_length
+                dapo = self.results[f"dapo ({task})"]["values"]
+                self.assertEqual(dapo["reward.reward_kwargs.max_resp_len"], 1024)
+                self.assertEqual(dapo["reward.reward_kwargs.overlong_buffer_cfg.len"], cache)
+                self.assertEqual((dapo["algorithm.filter_groups.enable"], dapo[ACTOR + "clip_ratio_high"]), (True, 0.28))
+
+    def test_verls_start_up_refuses_the_command_without_each_override_the_review_found_missing(self):
+        for key, (name, message) in VERL_NEEDED.items():
+            with self.subTest(key=key):
+                self.assertIn(message, self.results[f"{name} without {key}"]["error"])
+
+    def test_every_start_up_takes_a_few_seconds(self):
+        seconds = [result["seconds"] for result in self.results.values()]
+        self.assertEqual(len(seconds), 2 * len(VERL_EXPORTS) + len(VERL_NEEDED))
+        self.assertLess(max(seconds), 20.0)  # composing and validating, nothing loaded but a config
+
+
+class VerlExportHeader(unittest.TestCase):
+    """What cannot be carried to verl is named, never dropped; what verl lacks at the core is refused."""
+
+    def test_every_setting_changes_the_command_or_is_named_in_its_header(self):
+        from lab.settings import SettingError
+        from online_registry import ALGORITHMS
+        from online_settings import APPLIES
+
+        tested, applicable = set(), set()
+        for algorithm in ALGORITHMS:
+            for policy in ("table", "transformer"):
+                try:
+                    library_export.export_verl(bridge.run_settings({"algorithm": algorithm, "policy": policy}))
+                except ValueError:  # DPO, and losses verl lacks (the next test)
+                    continue
+                for item in SETTINGS:
+                    if item.name in ("algorithm", "policy", "task") or algorithm not in APPLIES[item.name] or \
+                            (item.policies is not None and policy not in item.policies):
+                        continue
+                    applicable.add(item.name)
+                    options = {"algorithm": algorithm, "policy": policy}
+                    if item.requires is not None:
+                        options[item.requires[0]] = item.requires[1][0]
+                    base = library_export.export_verl(bridge.run_settings(options))
+                    for value in other_values(item, bridge.run_settings(options)[item.name]):
+                        try:
+                            s = bridge.run_settings({**options, item.name: value})
+                        except SettingError:
+                            continue
+                        text = library_export.export_verl(s)
+                        header = text.split("python3 -m verl")[0]
+                        with self.subTest(algorithm=algorithm, policy=policy, setting=item.name, value=value):
+                            # the first line is the lab's command: it names every flag, carried or not
+                            changed = text.split("\n", 1)[1] != base.split("\n", 1)[1]
+                            self.assertTrue(changed or f"unmatched {item.name}" in header)
+                        tested.add(item.name)
+                        break
+        self.assertEqual(tested, applicable)  # each setting of an exported run with a value that changes it
+        self.assertGreater(len(tested), 50)
+
+    def test_the_two_tasks_read_their_own_data(self):
+        for options, task in (({}, "binary"), ({"policy": "transformer"}, "countdown")):
+            text = library_export.export_verl(bridge.run_settings(options))
+            self.assertIn(f"data.train_files=$HOME/data/rl_lab_{task}/train.parquet", exported_words(text))
+
+    def test_dpo_and_the_losses_verl_lacks_are_refused_naming_the_setting(self):
+        import pkgutil
+
+        import verl.trainer
+        from verl.trainer.ppo import core_algos
+
+        # verl 0.9.1 has no DPO trainer: no trainer module and no policy loss of that name
+        self.assertFalse([module.name for module in pkgutil.walk_packages(verl.trainer.__path__) if "dpo" in module.name])
+        with self.assertRaises(ValueError):
+            core_algos.get_policy_loss_fn("dpo")
+        for options, message in (({"algorithm": "dpo"}, "^algorithm: verl's core has no DPO trainer"),
+                                 ({"algorithm": "dpo", "offline": True}, "^algorithm: verl has no offline DPO trainer"),
+                                 ({"algorithm": "vespo"}, "^algorithm: no verl policy_loss.loss_mode .* vespo is not"),
+                                 ({"advantage": "maxrl"}, "^advantage: verl 0.9.1 has no MaxRL estimator")):
+            with self.subTest(options=options):
+                with self.assertRaisesRegex(ValueError, message):
+                    library_export.export_verl(bridge.run_settings(options))
 
 
 class CorrectedClaims(unittest.TestCase):
