@@ -1,15 +1,25 @@
 """A lab run's settings as a TRL script or a verl launch command: the way out of the lab, written from
 library_map's blocks. Neither TRL nor verl is imported: the online driver can offer it without the extra.
 
-    export_trl(settings)  -> the text of a runnable TRL 1.16 script (the GRPO family)
-    export_verl(settings) -> the verl 0.9 launch command with its Hydra overrides
+    export_trl(settings)                          -> the text of a runnable TRL 1.16 script (the GRPO family)
+    export_verl(settings, model=None, data_dir=None) -> a shell script: verl 0.9.1's main_ppo and its overrides
 
 `settings` is the dict the online driver passes to library_map.library_blocks (its resolved settings
 plus max_grad_norm). The TRL script trains a tiny causal LM built from a config, with a character
 tokenizer built locally (nothing is downloaded), on the lab's task (the prompt n, the answer n in
 binary then EOS) with the lab's verifier as its reward function; a comment says what to change to
 scale up. A run on another task (--task countdown) is refused by the TRL export: its script would hold
-the wrong dataset and verifier. The verl command names the task's data files. `python bridge.py e2e` runs such a script and recomputes TRL's loss with the lab's atoms.
+the wrong dataset and verifier. `python bridge.py e2e` runs such a script and recomputes TRL's loss with
+the lab's atoms.
+
+The verl command trains a pretrained model (--model; default VERL_MODEL) on one node, on the parquet
+files and the text verifier that `online_tokens.py --export-data DIR` writes (--export-data-dir). It
+passes verl's own start-up checks as written: the micro-batch sizes, rollout.name, PPO's critic model
+(test_bridge.VerlLaunch runs main_ppo up to ray.init on every export). Its header says what verl does
+differently (library_map's block), each value set for a real model with its reason (learning rate,
+batch, lengths), what stays the lab's (steps, seeds, a constant learning rate, weight decay 0) and
+every setting of the lab's own policy that does not carry. DPO (verl has no DPO trainer) and a loss or
+an advantage verl lacks are refused: the command would train another algorithm.
 """
 
 from __future__ import annotations
@@ -361,8 +371,8 @@ def export_verl(settings, model=None, data_dir=None):
     data_dir = VERL_DATA.format(task=settings["task"]) if data_dir is None else data_dir
     scaled = _real_model(settings, block["options"])
     # the inputs first, then the algorithm (the map's options, a real model's values in their places), then the node
-    overrides = {**_inputs(model, data_dir), **block["options"], **{key: value for key, (value, _, _) in scaled.items()},
-                 **_launch(settings, model)}
+    real = {key: value for key, (value, _, _) in scaled.items()}
+    overrides = {**_inputs(model, data_dir), **block["options"], **real, **_launch(settings, model)}
     header = [
         f"# verl 0.9.1 launch of the lab's `python online_tokens.py {_flags(settings)}`",
         f"# on {model}, one node of {GPUS_PER_NODE} GPUs. The data and the verifier come from",

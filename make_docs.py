@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -723,6 +724,15 @@ def readme_before_after(evaluation):
     return "\n".join(lines)
 
 
+def verl_export(options):
+    """The file `python online_tokens.py --export verl FILE` writes for these settings ({name: value}), as
+    docs/from-lab-to-gpu.md shows it."""
+    online_tokens = importlib.import_module("online_tokens")
+    settings = dataclasses.asdict(importlib.import_module("online_settings").resolve(options))
+    settings["max_grad_norm"] = online_tokens.MAX_GRAD_NORM
+    return importlib.import_module("library_export").export_verl(settings)
+
+
 def namespace(root):
     """Every name a placeholder may use: the committed results, the code's facts, the helpers."""
     rl_lab = importlib.import_module("rl_lab")
@@ -761,7 +771,7 @@ def namespace(root):
         "advantages": online_registry.ADVANTAGES,
         "demo": json.loads(json.dumps(rl_lab.atomic_demo()), object_hook=Data),
         "atoms_text": lambda: rl_lab.atoms_text(rl_lab.atomic_demo()),
-        "readme_before_after": readme_before_after,
+        "readme_before_after": readme_before_after, "verl_export": verl_export,
         "sft_table": lambda evaluation: importlib.import_module("sft").table_text(evaluation).rstrip(),
         "limits": Data({
             "group_actions": rl_lab.MAX_GROUP_ACTIONS, "token_positions": online_settings.MAX_TOKEN_POSITIONS,

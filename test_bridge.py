@@ -469,7 +469,8 @@ class VerlLaunch(unittest.TestCase):
                     "data.max_response_length": 1024, "actor_rollout_ref.model.path": self.model,
                     "data.train_files": os.path.join(self.data, "train.parquet"),
                     "reward.custom_reward_function.path": os.path.join(self.data, "rl_lab_verifier.py"),
-                    rollout + "name": "vllm", rollout + "n": s["group_size"], actor + "ppo_epochs": s["updates_per_batch"],
+                    rollout + "name": "vllm", rollout + "n": s["group_size"],
+                    actor + "ppo_epochs": s["updates_per_batch"],
                     "trainer.total_training_steps": s["steps"], "data.seed": s["seed"], rollout + "seed": s["seed"],
                     actor + "optim.lr_scheduler_type": "constant", actor + "optim.lr_warmup_steps": 0,
                     actor + "optim.weight_decay": 0.0}
@@ -489,7 +490,8 @@ class VerlLaunch(unittest.TestCase):
                 dapo = self.results[f"dapo ({task})"]["values"]
                 self.assertEqual(dapo["reward.reward_kwargs.max_resp_len"], 1024)
                 self.assertEqual(dapo["reward.reward_kwargs.overlong_buffer_cfg.len"], cache)
-                self.assertEqual((dapo["algorithm.filter_groups.enable"], dapo[ACTOR + "clip_ratio_high"]), (True, 0.28))
+                self.assertEqual(dapo["algorithm.filter_groups.enable"], True)
+                self.assertEqual(dapo[ACTOR + "clip_ratio_high"], 0.28)
 
     def test_verls_start_up_refuses_the_command_without_each_override_the_review_found_missing(self):
         for key, (name, message) in VERL_NEEDED.items():
@@ -548,13 +550,13 @@ class VerlExportHeader(unittest.TestCase):
             self.assertIn(f"data.train_files=$HOME/data/rl_lab_{task}/train.parquet", exported_words(text))
 
     def test_dpo_and_the_losses_verl_lacks_are_refused_naming_the_setting(self):
-        import pkgutil
-
         import verl.trainer
         from verl.trainer.ppo import core_algos
 
         # verl 0.9.1 has no DPO trainer: no trainer module and no policy loss of that name
-        self.assertFalse([module.name for module in pkgutil.walk_packages(verl.trainer.__path__) if "dpo" in module.name])
+        files = [name for _, _, names in os.walk(os.path.dirname(verl.trainer.__file__)) for name in names]
+        self.assertIn("main_ppo.py", files)
+        self.assertEqual([name for name in files if "dpo" in name.lower()], [])
         with self.assertRaises(ValueError):
             core_algos.get_policy_loss_fn("dpo")
         for options, message in (({"algorithm": "dpo"}, "^algorithm: verl's core has no DPO trainer"),
