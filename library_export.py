@@ -234,17 +234,21 @@ if __name__ == "__main__":
 
 # verl trains a pretrained model on GPUs: the model the export names when --model is not given
 VERL_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
-VERL_DATA = "$HOME/data/rl_lab_{task}"  # the data folder when --export-data-dir is not given ($HOME: the shell's)
-VERL_DATA_COMMAND = "python online_tokens.py {task_flags} --export-data DIR"
+# the data folder when --export-data-dir is not given: `data`, as the TRL script's --data, made absolute by the
+# shell ($PWD) because verl's Ray workers load the verifier from that path
+VERL_DATA = "$PWD/data"
+VERL_DATA_COMMAND = "python online_tokens.py --task {task} --export-data DIR"
 GPUS_PER_NODE = 8
 # A real model's numbers: (value, why). The lab's own are set for a table or a tiny transformer on a CPU.
 ACTOR_LR = (1e-6, "verl's default and its GRPO examples' for 0.5B-7B instruct models: the lab's rate moves a "
                   "table of logits or a tiny transformer and would wreck a pretrained model within a few steps")
 CRITIC_LR = (1e-5, "verl's default: the critic's value head starts from scratch, so it learns faster than the actor")
-PROMPTS = (128, f"prompts per step: {GPUS_PER_NODE} GPUs need many sequences at once to stay busy; one mini-batch "
-                "of the whole batch keeps the lab's one Adam step per update")
-RESPONSE_TOKENS = (1024, "a BPE token is a few characters and an instruct model writes words, often a short "
-                         "reasoning, before its answer: the lab's cap counts its own one-character tokens")
+PROMPTS = (128, f"prompts per step: {GPUS_PER_NODE} GPUs need many sequences at once to stay busy (at most the "
+                "task's train prompts: verl's epoch draws each once); one mini-batch of the whole batch keeps the "
+                "lab's one Adam step per update")
+RESPONSE_TOKENS = (256, "a BPE tokenizer and a chat model write the answer in words and spaces: room to finish "
+                        "(the TRL script's too), while the verifier still scores only the exact answer; the lab's cap "
+                        "counts its own one-character tokens")
 PROMPT_TOKENS = (512, "the chat template, the instruction and the numbers; data.truncation=error stops the run if "
                       "a prompt is longer")
 MICRO_BATCH = (8, "sequences one GPU holds for a gradient (16 for a forward pass): memory only, the gradient is "
@@ -289,11 +293,12 @@ def _real_model(settings, options):
     """The overrides that scale the lab's run to a pretrained model on one node: {key: (value, the lab's
     value or None, why)}, applied over the map's options."""
     s, actor = settings, "actor_rollout_ref.actor."
+    prompts = min(PROMPTS[0], train_prompts(s))
     scaled = {
         actor + "optim.lr": (ACTOR_LR[0], s["learning_rate"], ACTOR_LR[1]),
-        "data.train_batch_size": (PROMPTS[0], s["prompts"], PROMPTS[1]),
-        actor + "ppo_mini_batch_size": (PROMPTS[0], s["prompts"], "= data.train_batch_size: one optimizer step "
-                                                                   "per update, as the lab's"),
+        "data.train_batch_size": (prompts, s["prompts"], PROMPTS[1]),
+        actor + "ppo_mini_batch_size": (prompts, s["prompts"], "= data.train_batch_size: one optimizer step "
+                                                               "per update, as the lab's"),
         "data.max_response_length": (RESPONSE_TOKENS[0], s["max_new_tokens"], RESPONSE_TOKENS[1]),
         "data.max_prompt_length": (PROMPT_TOKENS[0], None, PROMPT_TOKENS[1]),
     }
@@ -309,6 +314,13 @@ def _real_model(settings, options):
     if s["algorithm"] == "ppo":
         scaled["critic.optim.lr"] = (CRITIC_LR[0], None, CRITIC_LR[1])
     return scaled
+
+
+def train_prompts(settings):
+    """How many train prompts the run's task has (the rows of --export-data's train.parquet)."""
+    from tasks import TASKS  # the task's own count; nothing is trained
+
+    return TASKS[settings["task"]](settings["max_new_tokens"]).prompt_count("train")
 
 
 def _inputs(model, data_dir):
@@ -346,10 +358,6 @@ def _launch(settings, model):
     return launch
 
 
-def _task_flags(settings):
-    return "--task binary" if settings["task"] == "binary" else f"--policy {settings['policy']} --task countdown"
-
-
 def export_verl(settings, model=None, data_dir=None):
     """The verl 0.9.1 launch command (python3 -m verl.trainer.main_ppo with Hydra overrides) of these
     settings on `model` (None: VERL_MODEL) with the data and verifier of `data_dir` (None: VERL_DATA), a
@@ -368,7 +376,7 @@ def export_verl(settings, model=None, data_dir=None):
         if key.split("=")[0] in CORE:  # verl would train another algorithm under the lab's name
             raise ValueError(f"{key.split('=')[0]}: {reason}, so {key.split('=')[1]} is not exported to verl")
     model = VERL_MODEL if model is None else model
-    data_dir = VERL_DATA.format(task=settings["task"]) if data_dir is None else data_dir
+    data_dir = VERL_DATA if data_dir is None else data_dir
     scaled = _real_model(settings, block["options"])
     # the inputs first, then the algorithm (the map's options, a real model's values in their places), then the node
     real = {key: value for key, (value, _, _) in scaled.items()}
@@ -376,10 +384,11 @@ def export_verl(settings, model=None, data_dir=None):
     header = [
         f"# verl 0.9.1 launch of the lab's `python online_tokens.py {_flags(settings)}`",
         f"# on {model}, one node of {GPUS_PER_NODE} GPUs. The data and the verifier come from",
-        f"#   {VERL_DATA_COMMAND.format(task_flags=_task_flags(settings))}",
+        f"#   {VERL_DATA_COMMAND.format(task=settings['task'])}",
         f"# (DIR/train.parquet, DIR/test.parquet, DIR/rl_lab_verifier.py); DIR here: {data_dir}.",
-        f"# verl draws data.train_batch_size prompts per step without replacement: train.parquet needs at least",
-        f"# {PROMPTS[0]} rows (the lab draws with replacement).",
+        f"# verl's epoch draws each of the task's {train_prompts(settings)} train prompts once, "
+        "data.train_batch_size a step",
+        "# (the lab draws its prompts with replacement).",
         "#",
         "# What verl does differently from the lab (library_map.py):",
         *_comment_lines(block),

@@ -297,15 +297,17 @@ class Export(unittest.TestCase):
         self.assertGreater(result["max_log_ratio"], 0.2)  # the captured step is off-policy: the clip can bind
 
 
-# What verl.trainer.main_ppo runs before it needs a GPU, on each exported command, in a process of its own (Hydra's
-# main and Ray's import stay out of this one): verl's own Hydra main, which composes the command's overrides and runs
-# auto_set_device and validate_config(need_reference_policy, need_critic), with run_ppo (ray.init, the workers and
-# the GPUs) replaced by a capture of the config; then the dataclasses the workers build from it. argv: the model
-# folder to write, a JSON file of [label, exported file, override keys to drop] and the JSON file of the results.
+# What verl.trainer.main_ppo runs before it needs a GPU, on each exported command, in a process of its own (Ray's
+# import and Hydra's global state stay out of this one): the command's overrides composed with main_ppo's config
+# (verl/trainer/config, ppo_trainer) by Hydra, then main_ppo's own main function (the body under its @hydra.main,
+# which would compose the same config twice more per call): auto_set_device and validate_config(need_reference_policy,
+# need_critic), with run_ppo (ray.init, the workers and the GPUs) replaced by a capture of the config; then the
+# dataclasses the workers build from it. argv: the model folder to write, a JSON file of [label, exported file,
+# override keys to drop] and the JSON file of the results.
 VERL_START_UP = r"""
 import json, os, shlex, sys, time, warnings
 warnings.simplefilter("ignore")
-os.environ["HYDRA_FULL_ERROR"] = "1"  # the error itself, not Hydra's exit(1)
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, PreTrainedTokenizerFast
@@ -327,6 +329,7 @@ LlamaConfig(vocab_size=len(vocabulary), hidden_size=16, intermediate_size=32, nu
             architectures=["LlamaForCausalLM"]).save_pretrained(model_dir)
 captured = []
 main_ppo.run_ppo = lambda config, task_runner_class: captured.append(config)
+initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), "config"), version_base=None)
 results = {}
 with open(jobs_path, encoding="utf-8") as handle:
     jobs = json.load(handle)
@@ -335,11 +338,9 @@ for label, path, drop in jobs:
         lines = [line.removesuffix("\\") for line in handle.read().splitlines() if not line.startswith("#")]
     words = shlex.split(" ".join(lines))
     overrides = [word for word in words[3:] if word.split("=")[0] not in drop]
-    sys.argv = ["main_ppo", *overrides, "hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=disabled",
-                "hydra/hydra_logging=disabled"]
     started = time.perf_counter()
     try:
-        main_ppo.main()
+        main_ppo.main.__wrapped__(compose(config_name="ppo_trainer", overrides=overrides))
         config = captured.pop()
         nodes = (config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.algorithm,
                  config.actor_rollout_ref.model, config.critic if need_critic(config) else None)
@@ -465,8 +466,10 @@ class VerlLaunch(unittest.TestCase):
             with self.subTest(label=label):
                 values = self.results[label]["values"]
                 expected = {
-                    actor + "optim.lr": 1e-6, "data.train_batch_size": 128, actor + "ppo_mini_batch_size": 128,
-                    "data.max_response_length": 1024, "actor_rollout_ref.model.path": self.model,
+                    # 128 prompts a step, or every train prompt once where the task has fewer (binary: 6)
+                    actor + "optim.lr": 1e-6, "data.train_batch_size": {"binary": 6, "countdown": 128}[s["task"]],
+                    actor + "ppo_mini_batch_size": {"binary": 6, "countdown": 128}[s["task"]],
+                    "data.max_response_length": 256, "actor_rollout_ref.model.path": self.model,
                     "data.train_files": os.path.join(self.data, "train.parquet"),
                     "reward.custom_reward_function.path": os.path.join(self.data, "rl_lab_verifier.py"),
                     rollout + "name": "vllm", rollout + "n": s["group_size"],
@@ -482,13 +485,13 @@ class VerlLaunch(unittest.TestCase):
         self.assertEqual(self.settings["grpo (countdown)"]["steps"], 100)  # the transformer's own default, carried
 
     def test_lengths_scale_with_the_cap_dr_grpo_and_dapos_overlong_buffer(self):
-        # the lab's cache of 2 tokens of its cap (5 binary, 8 Countdown), as the same share of verl's 1024
-        for task, cache in (("binary", 410), ("countdown", 256)):
+        # the lab's cache of 2 tokens of its cap (5 binary, 8 Countdown), as the same share of verl's 256
+        for task, cache in (("binary", 102), ("countdown", 64)):
             with self.subTest(task=task):
                 dr_grpo = self.results[f"dr-grpo ({task})"]["values"]
-                self.assertEqual(dr_grpo[ACTOR + "loss_scale_factor"], 1024)  # = data.max_response_length
+                self.assertEqual(dr_grpo[ACTOR + "loss_scale_factor"], 256)  # = data.max_response_length
                 dapo = self.results[f"dapo ({task})"]["values"]
-                self.assertEqual(dapo["reward.reward_kwargs.max_resp_len"], 1024)
+                self.assertEqual(dapo["reward.reward_kwargs.max_resp_len"], 256)
                 self.assertEqual(dapo["reward.reward_kwargs.overlong_buffer_cfg.len"], cache)
                 self.assertEqual(dapo["algorithm.filter_groups.enable"], True)
                 self.assertEqual(dapo[ACTOR + "clip_ratio_high"], 0.28)
@@ -544,10 +547,11 @@ class VerlExportHeader(unittest.TestCase):
         self.assertEqual(tested, applicable)  # each setting of an exported run with a value that changes it
         self.assertGreater(len(tested), 50)
 
-    def test_the_two_tasks_read_their_own_data(self):
+    def test_the_default_data_is_the_trl_scripts_folder_made_absolute_by_the_shell(self):
         for options, task in (({}, "binary"), ({"policy": "transformer"}, "countdown")):
             text = library_export.export_verl(bridge.run_settings(options))
-            self.assertIn(f"data.train_files=$HOME/data/rl_lab_{task}/train.parquet", exported_words(text))
+            self.assertIn("data.train_files=$PWD/data/train.parquet", exported_words(text))
+            self.assertIn(f"#   python online_tokens.py --task {task} --export-data DIR\n", text)
 
     def test_dpo_and_the_losses_verl_lacks_are_refused_naming_the_setting(self):
         import verl.trainer
