@@ -257,7 +257,8 @@ LOG_PROB_MICRO_BATCH = 16
 VALIDATION_SAMPLES = (16, "responses per prompt at the lab's temperature: verl logs best@k (pass@k of a 0/1 "
                           "reward) for k = 2, 4, 8, 16")
 TEST_EVERY = (10, "steps between validations")
-# The settings that make the run what it is: unmatched in verl, the export refuses (a switch verl lacks is named)
+# A run whose loss or advantage verl lacks is refused (verl would train another algorithm under its name); a
+# switch verl lacks is named in the header
 CORE = ("algorithm", "advantage")
 # What the lab's settings of its own policy become, or why they have no place in verl: {setting: reason}
 NOT_CARRIED = {
