@@ -7,6 +7,7 @@ seeds, its claims checked against every seed, written as tables, verdicts and a 
     python experiments.py all --seed-start 100        # the same claims on seeds nobody looked at
     python experiments.py zero-variance --seeds 10 --jobs 2 --quick
     python experiments.py all --timings results-bench/atlas.json   # also each experiment's run time
+    python experiments.py all --from-runs             # no run: summaries and verdicts from the committed runs
 
 Each experiment runs the drivers' Python APIs in this process's workers (no shelling out) over seeds
 S..S+N-1 (--seed-start S, default 0; --seeds N, default the experiment's own, 5 for most) and writes
@@ -19,11 +20,14 @@ figure.svg (drawn by plot_results.py from those files). Runs are spread over --j
 each running torch single-threaded; the files do not depend on --jobs, and the same seeds give the same
 bytes.
 
-A claim is a check over the per-seed results (`Claim`): a property counted over seeds ("count": holds
-when enough seeds show it), a paired difference between configurations that share seeds ("greater":
-holds when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does
-not hold when the same is true the other way; within noise otherwise), an equivalence ("within": the
-interval lies inside +-margin), or an exact identity computed without seeds ("exact").
+A claim is a test over the per-seed results: a property counted over seeds ("count": holds when
+enough seeds show it), a paired difference between configurations that share seeds ("greater": holds
+when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does not hold
+when the same is true the other way; within noise otherwise), an equivalence ("within": the interval
+lies inside +-margin), or an exact identity computed without seeds ("exact"). It is of one of two kinds:
+a `Claim`, an RL effect that could come out either way (the headline counts these), or a `Check`, an
+identity or a property of the code whose answer is known. A run that never reached a target counts at
+its budget (its last iteration, or the tokens or actions it sampled): no seed is dropped for it.
 
 The atlas lives in the package atlas/, one concern per module: stats (t and Wilson intervals,
 paired comparisons), claims (claims and their verdicts), exact (exact enumeration of a table policy),
