@@ -7,6 +7,7 @@ seeds, its claims checked against every seed, written as tables, verdicts and a 
     python experiments.py all --seed-start 100        # the same claims on seeds nobody looked at
     python experiments.py zero-variance --seeds 10 --jobs 2 --quick
     python experiments.py all --timings results-bench/atlas.json   # also each experiment's run time
+    python experiments.py all --from-runs             # no run: summaries and verdicts from the committed runs
 
 Each experiment runs the drivers' Python APIs in this process's workers (no shelling out) over seeds
 S..S+N-1 (--seed-start S, default 0; --seeds N, default the experiment's own, 5 for most) and writes
@@ -19,11 +20,14 @@ figure.svg (drawn by plot_results.py from those files). Runs are spread over --j
 each running torch single-threaded; the files do not depend on --jobs, and the same seeds give the same
 bytes.
 
-A claim is a check over the per-seed results (`Claim`): a property counted over seeds ("count": holds
-when enough seeds show it), a paired difference between configurations that share seeds ("greater":
-holds when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does
-not hold when the same is true the other way; within noise otherwise), an equivalence ("within": the
-interval lies inside +-margin), or an exact identity computed without seeds ("exact").
+A claim is a test over the per-seed results: a property counted over seeds ("count": holds when
+enough seeds show it), a paired difference between configurations that share seeds ("greater": holds
+when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does not hold
+when the same is true the other way; within noise otherwise), an equivalence ("within": the interval
+lies inside +-margin), or an exact identity computed without seeds ("exact"). It is of one of two kinds:
+a `Claim`, an RL effect that could come out either way (the headline counts these), or a `Check`, an
+identity or a property of the code whose answer is known. A run that never reached a target counts at
+its budget (its last iteration, or the tokens or actions it sampled): no seed is dropped for it.
 
 The atlas lives in the package atlas/, one concern per module: stats (t and Wilson intervals,
 paired comparisons), claims (claims and their verdicts), exact (exact enumeration of a table policy),
@@ -97,9 +101,14 @@ def build_parser():
                         help="worker processes, integer in [1, 64] (default: the machine's cores)")
     parser.add_argument("--output", default=None,
                         help="folder of the experiments' folders (default: results-experiments for the default "
-                             "seeds; with --seeds N, --seed-start S or --quick, results-experiments-seedsN-startS-quick "
-                             "with the parts given, so that the committed atlas is only rewritten by the run that "
-                             "made it)")
+                             "seeds; with --seeds N, --seed-start S or --quick, "
+                             "results-experiments-seedsN-startS-quick with the parts given, so that the committed "
+                             "atlas is only rewritten by the run that made it)")
+    parser.add_argument("--from-runs", action="store_true",
+                        help="run nothing: recompute each named experiment's summaries, verdicts, settings and figure "
+                             "from the runs.csv and curves.csv already in its folder (the folder the same --seeds, "
+                             "--seed-start and --quick write), with the catalogue's claims as they are now "
+                             "(default: off)")
     parser.add_argument("--timings", default=None,
                         help="also write each experiment's run time (seconds summed over its runs), the wall time "
                              "and the machine to this JSON file, outside the deterministic results (default: off)")
@@ -122,11 +131,16 @@ def parse(argv=None):
     if args.output is None:
         args.output = default_output(args.seeds, args.seed_start, args.quick)
     output_folder_or_exit(parser, args.output)
+    if args.from_runs and args.timings is not None:
+        parser.error("argument --timings: nothing runs with --from-runs, so there is no time to write")
     if args.timings is not None:
         output_file_or_exit(parser, args.timings, flag="--timings")
         separate_outputs_or_exit(parser, {"--timings": args.timings, "--output": args.output})
     for name in names:  # every experiment's folder, before any run
         output_folder_or_exit(parser, os.path.join(args.output, name), EXPERIMENT_FILES)
+        if args.from_runs and not os.path.isfile(os.path.join(args.output, name, "runs.csv")):
+            parser.error(f"argument --from-runs: no runs to read in {os.path.join(args.output, name)} "
+                         "(run the experiment first)")
     return parser, args, names
 
 
@@ -135,7 +149,8 @@ def main(argv=None):
     import policies  # torch from here on: the flags are checked
     from atlas.catalog import experiments
     from atlas.claims import count_text
-    from atlas.engine import at_quick_size, command_of, experiment_files, run_experiments, seed_list, sft_folders
+    from atlas.engine import (at_quick_size, command_of, experiment_files, results_from_folder, run_experiments,
+                              seed_list, sft_folders)
     from lab.checks import machine
 
     table = experiments()
@@ -146,6 +161,22 @@ def main(argv=None):
         return 0
     if args.quick:
         table = {name: at_quick_size(experiment) for name, experiment in table.items()}
+    if args.from_runs:
+        import plot_results
+
+        for name in names:
+            folder = os.path.join(args.output, name)
+            with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
+                command = json.load(handle)["command"]  # the command that ran these runs
+            try:
+                seeds, jobs, results = results_from_folder(table[name], folder)
+            except ValueError as error:
+                parser.error(f"argument --from-runs: {error}")
+            files = experiment_files(table[name], seeds, jobs, results, folder, command)
+            files[os.path.join(folder, "figure.svg")] = plot_results.experiment_figure_bytes(files, ".svg")
+            write_files(files)
+            print(f"-> {folder}: {', '.join(sorted(os.path.basename(path) for path in files))}")
+        return 0
     for folder in sft_folders(table[name] for name in names):  # where a transformer run trains its SFT start
         output_folder_or_exit(parser, os.path.dirname(folder), flag="NAME (the SFT cache of its transformer runs)")
         output_folder_or_exit(parser, folder, policies.SFT_FILES, flag="NAME (the SFT cache of its transformer runs)")
@@ -172,7 +203,8 @@ def main(argv=None):
     progress("run time per experiment (sum over its runs, this machine): " + ", ".join(
         f"{name} {value:.1f} s" for name, value in sorted(seconds.items(), key=lambda item: -item[1])))
     wall = time.perf_counter() - started
-    progress(f"{len(written)} experiment(s), {sum(seconds.values()):.1f} s of runs, {wall:.1f} s on {args.jobs} worker(s)")
+    progress(f"{len(written)} experiment(s), {sum(seconds.values()):.1f} s of runs, {wall:.1f} s on {args.jobs} "
+             "worker(s)")
     if args.timings is not None:  # measured, so never byte-identical: kept apart from the experiments' folders
         command = " ".join(["python experiments.py", *(argv if argv is not None else sys.argv[1:])])
         write_files({args.timings: json_text({

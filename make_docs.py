@@ -42,7 +42,9 @@ import os
 import re
 import stat
 import sys
+import textwrap
 
+from atlas.claims import count_text
 from lab.io import OneLineErrorParser, input_file_problem, run_cli, write_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -637,14 +639,15 @@ class Experiment:
         return self.settings.get(key, default)
 
     def verdicts(self):
-        """One line per judged claim ("holds, 5 of 5 seeds: CLAIM"), or a sentence saying there is none."""
-        claims = self.settings.get("claims") or []
+        """One line per judged claim, naming its kind ("claim: holds, 5 of 5 seeds above 0: TEXT"), or a
+        sentence saying there is none."""
+        claims = [claim for claim in self.settings.get("claims") or []
+                  if isinstance(claim, dict) and "verdict" in claim]
         lines = []
         for claim in claims:
-            if not isinstance(claim, dict) or "verdict" not in claim:
-                continue
-            count = f", {claim['count']}" if claim.get("count") else ""
-            lines.append(f"- **{claim['verdict']}**{count}: {claim.get('claim', '')}")
+            kind = f"{claim['kind']}: " if "kind" in claim else ""
+            count = f", {count_text(claim)}" if claim.get("count") else ""
+            lines.append(f"- {kind}**{claim['verdict']}**{count}: {claim.get('claim', '')}")
         if not lines and "verdict" in self.settings:
             lines.append(f"- **{self.settings['verdict']}**")
         return "\n".join(lines) if lines else ("No verdict recorded in this folder: it was written before the "
@@ -690,14 +693,18 @@ class Experiment:
         return f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
 
 
-def atlas_table(root):
-    """The verdict table of atlas/engine.py's atlas_markdown, with a verdict column for each committed
-    held-out seed set (results-experiments-start<S>). Experiment names link to their pages."""
+def _held_out(root):
+    """The committed held-out seed sets of the atlas (results-experiments-start<S>), as folders."""
+    return sorted(os.path.join(root, name) for name in os.listdir(root)
+                  if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
+
+
+def atlas_table(root, kind):
+    """The verdict table of atlas/engine.py's atlas_markdown for one kind ("claim" or "check"), with a
+    verdict column for each committed held-out seed set. Experiment names link to their pages."""
     engine = importlib.import_module("atlas.engine")
     names = experiment_folders(root)
-    held_out = sorted(os.path.join(root, name) for name in os.listdir(root)
-                      if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
-    text = engine.atlas_markdown(os.path.join(root, ATLAS), held_out=held_out).strip()
+    text = engine.atlas_markdown(os.path.join(root, ATLAS), held_out=_held_out(root), kinds=(kind,)).strip()
     linked = []
     for line in text.splitlines():
         cells = line.split(" | ")
@@ -731,6 +738,33 @@ def verl_export(options):
     settings = dataclasses.asdict(importlib.import_module("online_settings").resolve(options))
     settings["max_grad_norm"] = online_tokens.MAX_GRAD_NORM
     return importlib.import_module("library_export").export_verl(settings)
+
+
+# a verdict counted in a sentence: (one, several)
+VERDICT_WORDS = {"holds": ("holds", "hold"), "does not hold": ("does not hold", "do not hold"),
+                 "within noise": ("is within noise", "are within noise")}
+
+
+def atlas_headline(root, width=None):
+    """The atlas's verdicts counted, claims and checks apart, on each committed seed set ("The atlas
+    states 55 claims (...). On the seeds from 0, 36 hold, ..."), wrapped at `width` (None: one line).
+    Only the claims are findings; the checks (where a failure is a bug) are counted after them."""
+    engine = importlib.import_module("atlas.engine")
+    counts = []
+    for folder in [os.path.join(root, ATLAS)] + _held_out(root):
+        starts = sorted({settings["seeds"][0] for _, settings in engine.atlas_rows(folder) if settings.get("seeds")})
+        counts.append((", ".join(map(str, starts)), engine.verdict_counts(folder)))
+
+    def counted(kind):  # one sentence per seed set
+        return " ".join(f"On the seeds from {start}, " + ", ".join(
+            f"{number} {VERDICT_WORDS[verdict][number != 1]}" for verdict, number in by_kind[kind].items()) + "."
+            for start, by_kind in counts)
+
+    claims, checks = (sum(counts[0][1][kind].values()) for kind in ("claim", "check"))
+    text = (f"The atlas states {claims} claims (RL effects that could come out either way). {counted('claim')} "
+            f"Its {checks} checks (identities and properties of the code, whose answer is known) are counted "
+            f"apart. {counted('check')}")
+    return text if width is None else textwrap.fill(text, width)
 
 
 def namespace(root):
@@ -792,7 +826,8 @@ def namespace(root):
         "atoms_index": lambda: atoms_index(root),
         "test_files": lambda: test_files(root),
         "arxiv_table": lambda: arxiv_table(root),
-        "atlas_table": lambda: atlas_table(root),
+        "atlas_table": lambda kind: atlas_table(root, kind),
+        "atlas_headline": lambda width=None: atlas_headline(root, width),
         "experiment_link": lambda name, text=None: _experiment_link(root, name, text),
         "atlas_summary": lambda name: _atlas_summary(root, name),
     }

@@ -5,11 +5,13 @@ direction with loose thresholds, and the files' schema.
 """
 
 import csv
+import inspect
 import io
 import json
 import math
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -22,8 +24,10 @@ from unittest import mock
 import torch
 
 import experiments
+import online_settings
 import online_tokens
 import plot_results
+import rl_lab
 from atlas import catalog, claims, engine, exact as enumeration, runners, stats
 from policies import TablePolicy, logps_of_tokens
 from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
@@ -130,7 +134,7 @@ class Statistics(unittest.TestCase):
 
     def test_never_reached_runs_are_counted_and_left_out_of_the_means(self):
         experiment = catalog.Experiment("x", "", "", "", [({"n": 1}, "run_online", {})],
-                                            ["iterations_to_0.9", "final_success_probability"])
+                                        ["iterations_to_0.9", "final_success_probability"], seeds_reason="a test")
         jobs = engine.jobs_of(experiment, [0, 1, 2])
         results = [{"metrics": {"iterations_to_0.9": value, "final_success_probability": 0.5}, "curve": []}
                    for value in (10, None, 14)]
@@ -150,6 +154,11 @@ class Statistics(unittest.TestCase):
 
 def seeds_of(values, configuration="a", metric="m"):
     return {seed: {configuration: {metric: value}} for seed, value in enumerate(values)}
+
+
+def runs_of(a, b, budget=40):
+    """One seed's two runs, a and b, each with its iterations to 0.9 (None: never) and its budget."""
+    return {"a": {"iterations_to_0.9": a, "iterations": budget}, "b": {"iterations_to_0.9": b, "iterations": budget}}
 
 
 class Verdicts(unittest.TestCase):
@@ -199,11 +208,11 @@ class Verdicts(unittest.TestCase):
                 verdict = self.verdict([None, None, None], test=test, margin=margin)
                 self.assertEqual((verdict["seeds"], verdict["undefined"]), (0, 3))
                 self.assertEqual(verdict["needs"], "a seed with a value, and none has one")
-                self.assertTrue(claims.count_text(verdict).endswith("(3 left out: never reached)"))
+                self.assertTrue(claims.count_text(verdict).endswith("(3 left out: no value)"))
 
     def test_an_exact_claim_and_the_atlas_table(self):
-        exact = claims.check_claim(claims.Claim("e", lambda _: 1 + 1 == 2, "exact"), {})
-        self.assertEqual((exact["verdict"], exact["count"]), ("holds", "exact, no seeds"))
+        exact = claims.check_claim(claims.Check("e", lambda _: 1 + 1 == 2, "exact"), {})
+        self.assertEqual((exact["verdict"], exact["count"], exact["kind"]), ("holds", "exact, no seeds", "check"))
         with tempfile.TemporaryDirectory() as folder:
             settings = {"experiment": "x", "seeds": [0, 1, 2, 3, 4], "claims": [
                 self.verdict([0.10, 0.20, 0.15, 0.12, 0.18], test="greater", at_least=0.8), exact]}
@@ -211,11 +220,52 @@ class Verdicts(unittest.TestCase):
             with open(os.path.join(folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
                 json.dump(settings, handle)
             table = engine.atlas_markdown(folder, held_out=[folder]).splitlines()
-        self.assertEqual(table[0], "| experiment | claim | needs | verdict (seeds from 0) | mean or share [95% interval] "
-                                   "| verdict (seeds from 0) |")
-        self.assertTrue(table[2].startswith("| x | c | 4 of 5 above 0, interval above 0 | holds, 5 of 5 seeds above 0 | "
-                                            "mean +0.1500 ["))
-        self.assertEqual(table[3], "| x | e | exact | holds, exact | exact | holds, exact |")
+            only_checks = engine.atlas_markdown(folder, kinds=("check",)).splitlines()
+            counts = engine.verdict_counts(folder)
+        self.assertEqual(table[0], "| experiment | kind | claim | needs | verdict (seeds from 0) | mean or share "
+                                   "[95% interval] | verdict (seeds from 0) |")
+        self.assertTrue(table[2].startswith("| x | claim | c | 4 of 5 above 0, interval above 0 | holds, 5 of 5 seeds "
+                                            "above 0 | mean +0.1500 ["))
+        self.assertEqual(table[3], "| x | check | e | exact | holds, exact | exact | holds, exact |")
+        self.assertEqual(only_checks[2:], ["| x | check | e | exact | holds, exact | exact |"])
+        self.assertEqual(counts, {"check": {"holds": 1, "does not hold": 0, "within noise": 0},
+                                  "claim": {"holds": 1, "does not hold": 0, "within noise": 0}})
+
+    def test_a_run_that_never_reached_the_target_counts_at_its_budget(self):
+        # seed 0: both reached (12 - 8); seeds 1-3: the first never reached within 40 iterations; seed 4: neither
+        reached = [(12, 8), (None, 10), (None, 30), (None, 25), (None, None)]
+        by_seed = {seed: runs_of(a, b) for seed, (a, b) in enumerate(reached)}
+        value = claims.difference("iterations_to_0.9", "a", "b")
+        self.assertEqual([value(runs) for runs in by_seed.values()], [4, 30, 10, 15, 0])
+        self.assertEqual([isinstance(value(runs), claims.AtBudget) for runs in by_seed.values()],
+                         [False, True, True, True, True])
+        verdict = claims.check_claim(claims.Claim("a needs more iterations", value, "greater", 0.8), by_seed)
+        self.assertEqual((verdict["seeds"], verdict["undefined"], verdict["at_budget"]), (5, 0, 4))
+        self.assertEqual((verdict["agree"], verdict["mean"]), (4, 11.8))
+        half = stats.t_quantile(4) * statistics.stdev([4, 30, 10, 15, 0]) / math.sqrt(5)
+        self.assertAlmostEqual(verdict["interval"][0], 11.8 - half, places=12)
+        self.assertEqual(verdict["verdict"], "within noise")  # the spread of the budgets: the interval crosses 0
+        self.assertEqual(claims.count_text(verdict), "4 of 5 seeds above 0 (4 at the budget: a target never reached)")
+        # the reversal that dropping such runs hid (updates-per-batch on seeds 100-104): "a reaches the target in
+        # fewer iterations" rested on the one seed where a reached it; in the other four a never did
+        reversal = {seed: runs_of(a, b) for seed, (a, b) in enumerate([(8, 12), (None, 10), (None, 12), (None, 9),
+                                                                        (None, 11)])}
+        fewer = claims.Claim("a reaches it first", claims.difference("iterations_to_0.9", "b", "a"), "greater", 0.8)
+        against = claims.check_claim(fewer, reversal)
+        self.assertEqual([item["value"] for item in against["per_seed"]], [4, -30, -28, -31, -29])
+        self.assertEqual((against["verdict"], against["count"]), ("does not hold", "1 of 5 seeds"))
+        # another metric's None is still left out, and said so
+        tail = claims.difference("mean_wrong_length_tail", "a", "b")
+        self.assertIsNone(tail({"a": {"mean_wrong_length_tail": None}, "b": {"mean_wrong_length_tail": 3.0}}))
+
+    def test_checks_and_claims_are_named_and_counted_apart(self):
+        self.assertEqual((claims.Claim("c", None).kind, claims.Check("c", None).kind), ("claim", "check"))
+        verdicts = [claims.check_claim(claim, seeds_of([True] * 3)) for claim in (
+            claims.Claim("one", lambda runs: runs["a"]["m"]), claims.Claim("two", lambda runs: not runs["a"]["m"]),
+            claims.Check("three", lambda runs: runs["a"]["m"]))]
+        self.assertEqual([verdict["kind"] for verdict in verdicts], ["claim", "claim", "check"])
+        self.assertEqual(engine.verdicts_counted(verdicts), "Claims (RL effects that could come out either way): 1 "
+                         "holds, 1 does not hold. Checks (identities and properties of the code): 1 holds.")
 
 
 class ExactExpectations(unittest.TestCase):
@@ -290,14 +340,17 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(one["clip_fraction"], 0.0)  # one step per batch: every ratio is exactly 1
         self.assertGreater(eight["clip_fraction"], 0.1)
 
-    def test_every_experiment_writes_its_schema_at_quick_size(self):
-        table = {name: engine.at_quick_size(experiment) for name, experiment in catalog.experiments().items()}
+    def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
+        # the cheapest experiment of each runner, run as the program runs them (two workers); every other
+        # experiment is checked without a run, against its committed runs (CommittedAtlas)
+        table = {name: engine.at_quick_size(catalog.experiments()[name]) for name in QUICK_EXPERIMENTS}
+        self.assertEqual({runner for experiment in table.values() for _, runner, _ in experiment.configurations},
+                         set(runners.RUNNERS))
         seen = {}
 
         def finished(name, experiment, seeds, jobs, results):
             # here, while the workers run the next experiments: the files, and the figure they draw (built, not
-            # saved: writing the SVG is matplotlib's work, seconds for the 22 and the same for every experiment;
-            # CommandLine writes one, test_plot_results checks the bytes)
+            # saved: CommandLine writes one, test_plot_results checks the bytes)
             files = engine.experiment_files(experiment, seeds, jobs, results, name)
             settings = json.loads(files[os.path.join(name, "settings.json")])
             figure = plot_results.experiment_figure(
@@ -313,34 +366,100 @@ class MechanismsAtReducedSize(unittest.TestCase):
         for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
                 self.assertEqual(seeds, [0])
-                summary = rows_of(files[os.path.join(name, "summary.csv")])
-                runs = rows_of(files[os.path.join(name, "runs.csv")])
-                self.assertEqual(len(summary), len(table[name].configurations))
-                self.assertEqual(len(runs), len(table[name].configurations))  # one seed
-                for metric in table[name].metrics:
-                    for stat in ("mean", "std", "min", "max"):
-                        self.assertIn(f"{metric}_{stat}", summary[0])
-                settings = json.loads(files[os.path.join(name, "settings.json")])
-                self.assertEqual(settings["experiment"], name)
-                self.assertTrue(settings["claim"] and settings["source"])
-                self.assertIn(f"python experiments.py {name}", settings["command"])
-                self.assertEqual(settings["seeds"], [0])
-                self.assertEqual(len(settings["claims"]), len(table[name].claims))
-                self.assertGreater(len(settings["claims"]), 0)
-                for verdict in settings["claims"]:
-                    self.assertIn(verdict["verdict"], ("holds", "does not hold", "within noise"))
-                    self.assertRegex(claims.count_text(verdict), r"^(\d+ of \d+ seeds|exact)")
-                markdown = files[os.path.join(name, "summary.md")]
-                for verdict in settings["claims"]:
-                    self.assertIn(f"| {verdict['verdict']} | {claims.count_text(verdict)} | {verdict['needs']} | "
-                                  f"{verdict['claim'].replace('|', chr(92) + '|')} |", markdown)
-                self.assertEqual(markdown.count("\n| "), len(settings["claims"]) + 1 + len(summary) + 1 + sum(
-                    len(rows) + 1 for _, rows in table[name].tables.values()))
+                assert_schema(self, table[name], name, files)
                 self.assertTrue(engine.command_of(name, None, 100).endswith("--seed-start 100"))
                 # its figure draws from these files: every panel's columns, metrics and claims exist
+                settings = json.loads(files[os.path.join(name, "settings.json")])
                 self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
                 self.assertEqual(legends, 1)
                 self.assertTrue(title.startswith(f"{name}: "), title)
+
+
+# one experiment per runner, the cheapest, for the runs at quick size
+QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
+                     "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug")
+
+
+def assert_schema(test, experiment, folder, files):
+    """The files of one experiment (experiment_files) have its schema: a summary row per configuration with
+    every metric's statistics, a run per configuration and seed, its settings, a verdict per claim that
+    names its kind, and a summary.md that shows each of them."""
+    summary = rows_of(files[os.path.join(folder, "summary.csv")])
+    runs = rows_of(files[os.path.join(folder, "runs.csv")])
+    settings = json.loads(files[os.path.join(folder, "settings.json")])
+    test.assertEqual(len(summary), len(experiment.configurations))
+    test.assertEqual(len(runs), len(experiment.configurations) * len(settings["seeds"]))
+    for metric in experiment.metrics:
+        for stat in ("mean", "std", "min", "max"):
+            test.assertIn(f"{metric}_{stat}", summary[0])
+    test.assertEqual(settings["experiment"], experiment.name)
+    test.assertTrue(settings["claim"] and settings["source"] and settings["seeds_reason"])
+    test.assertIn(f"python experiments.py {experiment.name}", settings["command"])
+    test.assertEqual(len(settings["claims"]), len(experiment.claims))
+    test.assertGreater(len(settings["claims"]), 0)
+    markdown = files[os.path.join(folder, "summary.md")]
+    for verdict, claim in zip(settings["claims"], experiment.claims):
+        test.assertIn(verdict["verdict"], ("holds", "does not hold", "within noise"))
+        test.assertEqual(verdict["kind"], claim.kind)
+        test.assertRegex(claims.count_text(verdict), r"^(\d+ of \d+ seeds|exact)")
+        test.assertIn(f"| {verdict['kind']} | {verdict['verdict']} | {claims.count_text(verdict)} | {verdict['needs']} "
+                      f"| {verdict['claim'].replace('|', chr(92) + '|')} |", markdown)
+    test.assertIn(engine.verdicts_counted(settings["claims"]), markdown)
+    test.assertEqual(markdown.count("\n| "), len(settings["claims"]) + 1 + len(summary) + 1 + sum(
+        len(rows) + 1 for _, rows in experiment.tables.values()))
+
+
+# what each runner hands its options to, to check them without a run
+ONLINE_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_sampler_mismatch")
+
+
+def assert_options_are_settings(test, runner, options):
+    """A configuration's options are ones its runner takes: the online runners' are online settings (checked
+    by online_settings.resolve, as online_tokens.setup does), the bandit's rl_lab.train's arguments."""
+    bound = inspect.signature(runners.RUNNERS[runner]).bind(0, **options)  # TypeError: an option it does not take
+    passed = bound.arguments.get("options", {})
+    if runner in ONLINE_RUNNERS:
+        online_settings.resolve(dict(passed))
+    elif runner == "run_transformer":
+        online_settings.resolve({**runners.TRANSFORMER, **passed})
+    elif runner == "run_bandit":
+        inspect.signature(rl_lab.train).bind(options["algorithm"], seed=0, **passed)
+    else:
+        test.assertEqual(passed, {}, runner)
+
+
+class CommittedAtlas(unittest.TestCase):
+    """Every experiment, built without running it: its configurations take options their runners accept (at
+    the default and the quick size), and its committed files, on both committed seed sets, are what this
+    code computes from the committed runs (runs.csv, curves.csv): the summaries and verdicts, with every
+    claim's kind and the runs that never reached a target counted at their budget."""
+
+    def test_every_experiment_is_a_table_row_with_a_kind_for_each_claim_and_a_reason_for_its_seeds(self):
+        table = catalog.experiments()
+        self.assertEqual(tuple(table), experiments.NAMES)
+        for name, experiment in table.items():
+            with self.subTest(experiment=name):
+                self.assertTrue(experiment.seeds_reason and not experiment.seeds_reason.endswith("."))
+                self.assertTrue(all(claim.kind in claims.KINDS for claim in experiment.claims))
+                self.assertEqual(len({claim.text for claim in experiment.claims}), len(experiment.claims))
+                for size in (experiment, engine.at_quick_size(experiment)):
+                    for label, runner, options in size.configurations:
+                        assert_options_are_settings(self, runner, options)
+
+    def test_the_committed_summaries_are_what_the_code_computes_from_the_committed_runs(self):
+        for atlas in ("results-experiments", "results-experiments-start100"):
+            for name, experiment in catalog.experiments().items():
+                folder = os.path.join(HERE, atlas, name)
+                with self.subTest(folder=f"{atlas}/{name}"):
+                    with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
+                        command = json.load(handle)["command"]
+                    seeds, jobs, results = engine.results_from_folder(experiment, folder)
+                    files = engine.experiment_files(experiment, seeds, jobs, results, folder, command)
+                    assert_schema(self, experiment, folder, files)
+                    for path, text in files.items():
+                        with open(path, encoding="utf-8", newline="") as handle:
+                            self.assertEqual(handle.read(), text, f"{path}: run python experiments.py {name} "
+                                             f"--from-runs{' --seed-start 100' if 'start100' in atlas else ''}")
 
 
 # A child process runs run_experiments as the program would (under run_cli) over runners that stall or
@@ -359,7 +478,8 @@ def _killed(seed):
 
 def _workers_scenario(names):
     runners.RUNNERS.update(stall=_stall, killed=_killed)  # in the child only
-    table = {"t": catalog.Experiment("t", "", "", "", [({"n": i}, name, {}) for i, name in enumerate(names)], ["m"])}
+    table = {"t": catalog.Experiment("t", "", "", "", [({"n": i}, name, {}) for i, name in enumerate(names)], ["m"],
+                                     seeds_reason="a test")}
     engine.run_experiments(["t"], 1, len(names), lambda *args: None, report=print, table=table)
     return 0
 
@@ -396,7 +516,8 @@ class Workers(unittest.TestCase):
         return child.returncode, stderr
 
     def test_sigterm_a_ctrl_c_and_a_killed_worker_each_stop_the_run_and_every_worker(self):
-        terminated, interrupted, killed = self.start("stall,stall"), self.start("stall,stall"), self.start("stall,killed")
+        terminated, interrupted = self.start("stall,stall"), self.start("stall,stall")
+        killed = self.start("stall,killed")
         terminated_pids = self.workers_started(terminated, 2)
         interrupted_pids = self.workers_started(interrupted, 2)
         killed_pids = self.workers_started(killed, 2)
@@ -449,7 +570,8 @@ class Timing(unittest.TestCase):
         self.assertEqual(stdout.split(), ["False", "True", "True"], stderr)
 
     def test_a_runs_seconds_leave_out_the_imports_in_one_process_and_over_workers(self):
-        table = {"t": catalog.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"])}
+        table = {"t": catalog.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"],
+                                         seeds_reason="a test")}
         with mock.patch.dict(runners.RUNNERS, nap=_nap), \
                 mock.patch.object(engine, "_import_torch_lazy_modules", side_effect=lambda: time.sleep(0.2)):
             index, seconds, result = engine._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
@@ -526,6 +648,28 @@ class CommandLine(unittest.TestCase):
                               timeout=60)
         self.assertEqual(done.stdout.splitlines()[-3:], ["0 False", "2 False", "2 False"], done.stderr)
         self.assertIn("no experiment 'no-such-experiment'", done.stderr)
+
+    def test_from_runs_rewrites_a_folder_from_its_runs_alone(self):
+        committed = os.path.join(HERE, "results-experiments", "kl-estimators")
+        out = os.path.join(self.tmp.name, "atlas")
+        os.makedirs(os.path.join(out, "kl-estimators"))
+        for name in ("runs.csv", "settings.json"):  # the runs, and the command that made them
+            shutil.copy(os.path.join(committed, name), os.path.join(out, "kl-estimators", name))
+        code, stdout, stderr = run_main(experiments.main, ["kl-estimators", "--from-runs", "--output", out])
+        self.assertEqual((code, stderr), (0, ""))
+        self.assertNotIn("ETA", stdout)  # nothing ran
+        for name in sorted(os.listdir(committed)):
+            with self.subTest(file=name), open(os.path.join(committed, name), "rb") as handle:
+                with open(os.path.join(out, "kl-estimators", name), "rb") as written:
+                    self.assertEqual(written.read(), handle.read())
+        os.makedirs(os.path.join(out, "microbatch"))
+        for argv, message in ((["microbatch"], "no runs to read in"),
+                              (["kl-estimators", "--timings", os.path.join(self.tmp.name, "t.json")], "--timings")):
+            with self.subTest(argv=argv):
+                code, stdout, stderr = run_main(experiments.main, argv + ["--from-runs", "--output", out])
+                self.assertEqual((code, stdout, len(stderr.splitlines())), (2, "", 1))
+                self.assertIn(message, stderr)
+        self.assertEqual(os.listdir(os.path.join(out, "microbatch")), [])
 
     def test_list_names_every_experiment(self):
         code, stdout, _ = run_main(experiments.main, ["--list"])

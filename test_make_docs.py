@@ -119,6 +119,7 @@ class CommittedPages(unittest.TestCase):
                 os.symlink(atlas, os.path.join(root, make_docs.ATLAS))
                 pages = make_docs.render_all(root)
                 problem = make_docs.first_difference(pages, root)
+                table_problem = make_docs.first_difference({"docs/atlas.md": pages["docs/atlas.md"]}, root)
         page = pages["docs/atlas/made-up.md"]
         self.assertIn("**holds**, 2 of 2 seeds: X beats Y in most seeds", page)
         self.assertIn("| holds | 2 of 2 |", page)
@@ -126,7 +127,9 @@ class CommittedPages(unittest.TestCase):
         self.assertIn("seeds 100-101", page)
         self.assertNotIn(f"docs/atlas/{gone}.md", pages)
         self.assertIn("made-up", pages["docs/atlas.md"])
-        self.assertTrue(problem.startswith("docs/atlas.md line "), problem)  # its table gained a row
+        self.assertTrue(problem.startswith("README.txt line "), problem)  # the headline counts its claim
+        self.assertIn("The atlas states", problem)
+        self.assertTrue(table_problem.startswith("docs/atlas.md line "), table_problem)  # its table gained a row
         self.assertEqual(make_docs.first_difference({"docs/atlas/made-up.md": page}, HERE),
                          "docs/atlas/made-up.md is missing: run python make_docs.py")
         without = {path: text for path, text in rendered().items() if path != f"docs/atlas/{gone}.md"}

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from atlas.claims import Claim, difference
+from atlas.claims import Check, Claim, difference
 from atlas.exact import std_scaling_table
 from online_algorithms import FOUR_ALGORITHMS
 from rl_lab import REDUCTIONS
@@ -29,7 +29,11 @@ class Experiment:
 
     configurations: [(label dict, runner name, options dict)], every one run on the same seeds (so two
     configurations compare seed by seed); claims: [Claim], whose value functions read one seed's
-    {configuration name: metrics} (`configuration_name(label)`); seeds: how many the default run uses;
+    {configuration name: metrics} (`configuration_name(label)`); seeds: how many the default run uses,
+    and seeds_reason, one line: why that many, for the size of the effects its claims test (an effect is
+    the mean paired difference over the std of its per-seed values: 5 seeds separate one above
+    t_4 / sqrt(5) = 1.24 from 0; "needs about N" is the count that detects the effect measured on seeds
+    0-4 with 80% power, (1.96 + 0.84)^2 / effect^2 + 1);
     quick: the options every run takes at --quick (None: QUICK_STEPS iterations for a training runner);
     cost: seconds per run on one core, roughly (the work's order and the ETA); figure: the panels that
     plot_results.py draws (see plot_results.experiment_figure)."""
@@ -47,6 +51,7 @@ class Experiment:
     seeds: int = DEFAULT_SEEDS
     quick: dict | None = None
     cost: float = 0.5
+    seeds_reason: str = field(kw_only=True)
 
 
 def configuration_name(label):
@@ -80,11 +85,11 @@ def _kl_estimators():
         metrics=[f"{name}_{stat}" for name in ("k1", "k2", "k3") for stat in (
                     "relative_bias", "relative_std", "grad_error_kl_pi_ref", "grad_error_kl_ref_pi")],
         claims=[
-            Claim("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
+            Check("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
                   lambda runs: all(abs(runs[c][f"{k}_relative_bias"]) < 1e-12 for c in both for k in ("k1", "k3"))),
-            Claim("k2 is biased: relative bias above 1e-3 in size, near and far",
+            Check("k2 is biased: relative bias above 1e-3 in size, near and far",
                   lambda runs: all(abs(runs[c]["k2_relative_bias"]) > 1e-3 for c in both)),
-            Claim("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
+            Check("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
                   "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi‖ref) (above 1e-3), near and far",
                   lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_kl_pi_ref"] < 1e-12
                                    and runs[c]["k3_grad_error_kl_ref_pi"] < 1e-12
@@ -106,6 +111,8 @@ def _kl_estimators():
              "title": "E[grad k] against grad KL(pi‖ref)", "ylabel": "relative error"},
             {"kind": "values", "metrics": [f"{k}_grad_error_kl_ref_pi" for k in ("k1", "k2", "k3")],
              "title": "E[grad k] against grad KL(ref‖pi)", "ylabel": "relative error"}]},
+        seeds_reason="exact, nothing sampled: each seed draws one pair of categoricals, and 5 pairs show that the "
+                     "identities hold whatever the pair",
         cost=0.01,
     )
 
@@ -143,6 +150,8 @@ def _reduction_length_bias():
              "ylabel": "p(correct)"},
             {"kind": "claim", "claim": 0, "title": "sequence minus token mean: wrong-answer length per seed",
              "ylabel": "tokens"}]},
+        seeds_reason="5 seeds separate effects above 1.24; seeds 0-4 measured 0.67 and 0.85, which need about 19 and "
+                     "12 seeds",
         cost=0.6,
     )
 
@@ -172,7 +181,7 @@ def _std_scaling():
         curves=("hard_success", "easy_success"),
         tables={"gradient_weight_by_successes": (columns, rows)},
         claims=[
-            Claim("With G = 8 the std flattens a prompt's total weight across difficulty: 1 success of 8 weighs "
+            Check("With G = 8 the std flattens a prompt's total weight across difficulty: 1 success of 8 weighs "
                   f"{weight['group']:.3f} of 4 of 8 with the std, {weight['none']:.4f} without (exact)",
                   lambda _: weight["group"] > weight["none"], "exact"),
             Claim("With the KL penalty (beta 0.02), the group std ends higher on the hard prompts than no std",
@@ -182,7 +191,7 @@ def _std_scaling():
                   difference("hard_success_step_10", name("group", 0.02), name("none", 0.02)), "greater", 0.8,
                   note="The amplification is exact in the weights, yet the hard prompts do not learn faster with it "
                        "here: it is not what separates the two at the end."),
-            Claim("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
+            Check("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
                   gap_off, "within", margin=0.01),
             Claim("So the KL penalty makes the gap: (group - none) with beta 0.02 exceeds (group - none) with beta 0",
                   lambda runs: gap_on(runs) - gap_off(runs), "greater", 0.8),
@@ -194,6 +203,8 @@ def _std_scaling():
              "title": "hard prompts, KL penalty off", "ylabel": "exact success (prompts 4, 5)"},
             {"kind": "values", "metrics": ["hard_success_final"], "title": "hard prompts at the end",
              "ylabel": "exact success (prompts 4, 5)"}]},
+        seeds_reason="the KL-made gap measures 2.5 on seeds 0-4, over the 1.24 that 5 seeds separate; the early "
+                     "speed-up measured none (-0.25)",
         cost=0.6,
     )
 
@@ -216,18 +227,18 @@ def _zero_variance():
                  "measured_minus_predicted_z", "final_success_probability", "tokens_to_0.9", "responses_sampled"],
         curves=("zero_group_fraction", "predicted_zero_group_fraction", "success_probability"),
         claims=[
-            Claim("The exact prediction matches the measured share up to sampling noise: the two differ by less "
+            Check("The exact prediction matches the measured share up to sampling noise: the two differ by less "
                   "than 3 standard errors (exact, from the predicted probabilities) at every G",
                   lambda runs: all(abs(runs[c]["measured_minus_predicted_z"]) < 3 for c in static)),
-            Claim("... without a bias: measured minus predicted, in standard errors and averaged over the four G, "
+            Check("... without a bias: measured minus predicted, in standard errors and averaged over the four G, "
                   "lies within +-1", lambda runs: math.fsum(runs[c]["measured_minus_predicted_z"] for c in static)
                   / len(static), "within", margin=1.0,
                   note="A small positive mean difference in shares was once read as the measured share exceeding "
                        "the prediction; in units of its own sampling noise the difference is centred on 0."),
-            Claim("The share of tied groups grows as G falls (G = 2 > 4 > 8 > 16)",
+            Check("The share of tied groups grows as G falls (G = 2 > 4 > 8 > 16)",
                   lambda runs: all(runs[a]["zero_group_fraction"] > runs[b]["zero_group_fraction"]
                                    for a, b in zip(static, static[1:]))),
-            Claim("Dynamic sampling (G = 8) cuts the share of tied groups below half of static G = 8's",
+            Check("Dynamic sampling (G = 8) cuts the share of tied groups below half of static G = 8's",
                   lambda runs: runs[dynamic]["zero_group_fraction"] < 0.5 * runs[static[2]]["zero_group_fraction"]),
             Claim("... at the price of samples: it needs more sampled tokens to reach 0.9 than static G = 8",
                   difference("tokens_to_0.9", dynamic, static[2]), "greater", 0.8,
@@ -244,6 +255,8 @@ def _zero_variance():
              "title": "measured minus predicted, in standard errors", "ylabel": "z"},
             {"kind": "values", "metrics": ["tokens_to_0.9"], "title": "sampled tokens to exact success 0.9",
              "ylabel": "tokens"}]},
+        seeds_reason="the prediction is exact batch by batch, so 5 seeds test it; the token price (1.08 on seeds 0-4) "
+                     "needs about 8",
         cost=0.6,
     )
 
@@ -300,6 +313,8 @@ def _clip_higher():
             {"kind": "curves", "columns": ["entropy"], "where": {"updates_per_batch": 8},
              "title": "entropy at 8 updates per batch", "ylabel": "nats per token", "log": True}]},
         seeds=10,
+        seeds_reason="a prompt sticks in a few runs of 10, so 10 seeds show it and count it; they separate effects "
+                     "above 0.72, and the entropy gap measured none (-0.08)",
         cost=0.6,
     )
 
@@ -327,7 +342,7 @@ def _updates_per_batch():
         metrics=["final_success_probability", "iterations_to_0.9", "clip_fraction", "stuck_prompts"],
         curves=("success_probability",),
         claims=[
-            Claim("The clip binds more with more updates per batch (clip_fraction at 1 < 2 < 4 < 8), for GRPO and "
+            Check("The clip binds more with more updates per batch (clip_fraction at 1 < 2 < 4 < 8), for GRPO and "
                   "GSPO",
                   lambda runs: all(runs[name(a, u)]["clip_fraction"] < runs[name(a, v)]["clip_fraction"]
                                    for a in ("grpo", "gspo") for u, v in zip(counts, counts[1:])),
@@ -343,6 +358,8 @@ def _updates_per_batch():
              "title": "share of clipped tokens (mean over the run)", "ylabel": "clip_fraction"},
             {"kind": "sweep", "x": "updates_per_batch", "metric": "iterations_to_0.9",
              "title": "iterations to exact success 0.9", "ylabel": "iterations"}]},
+        seeds_reason="the fall measures 3.4 (GRPO) and 11 (GSPO) on seeds 0-4, over the 1.24 that 5 seeds separate; "
+                     "CISPO's 0.63 needs about 21",
         cost=0.4,
     )
 
@@ -383,14 +400,14 @@ def _sampler_mismatch():
                  "iterations_to_0.9"],
         curves=("success_probability", "gradient_bias", "gradient_bias_tis"),
         claims=[
-            Claim("The measurement: with the sampler equal to the trainer, the expected estimate is the exact "
+            Check("The measurement: with the sampler equal to the trainer, the expected estimate is the exact "
                   "gradient (relative error below 1e-12)",
                   lambda runs: runs[name("same", False)]["gradient_bias"] < 1e-12),
-            Claim("Sampling at temperature 1.5 biases the expected policy gradient (relative error above 0.5) and "
+            Check("Sampling at temperature 1.5 biases the expected policy gradient (relative error above 0.5) and "
                   "TIS with cap 2 removes most of it (below a fifth of the error without)",
                   lambda runs: runs[hot]["gradient_bias"] > 0.5 and runs[hot]["gradient_bias_tis"]
                   < 0.2 * runs[hot]["gradient_bias"]),
-            Claim("Top-p 0.8 biases it too (above 0.5), and TIS cannot remove it (with TIS above 0.9 of the error "
+            Check("Top-p 0.8 biases it too (above 0.5), and TIS cannot remove it (with TIS above 0.9 of the error "
                   "without): the tokens outside the nucleus are never drawn",
                   lambda runs: runs[top]["gradient_bias"] > 0.5 and runs[top]["gradient_bias_tis"]
                   > 0.9 * runs[top]["gradient_bias"]),
@@ -399,7 +416,7 @@ def _sampler_mismatch():
                   note="A correction of the gradient that costs final success: the k3 term keeps its uncorrected "
                        "weights while the policy term is reweighted, so the two no longer balance where they did "
                        "on-policy."),
-            Claim("With the KL penalty off, TIS and no TIS end within 0.01 of each other at temperature 1.5",
+            Check("With the KL penalty off, TIS and no TIS end within 0.01 of each other at temperature 1.5",
                   loss_off, "within", margin=0.01),
             Claim("So the KL term makes the loss: (no TIS - TIS) with beta 0.02 exceeds it with beta 0",
                   lambda runs: loss_on(runs) - loss_off(runs), "greater", 0.8),
@@ -414,6 +431,8 @@ def _sampler_mismatch():
              "title": "top-p 0.8, without and with TIS (dashed)", "ylabel": "exact success"},
             {"kind": "values", "metrics": ["final_success_probability"], "title": "final exact success",
              "ylabel": "p(correct)"}]},
+        seeds_reason="the biases are exact; the cost of TIS measures 15 on seeds 0-4, far over the 1.24 that 5 seeds "
+                     "separate",
         cost=0.8,
     )
 
@@ -431,10 +450,10 @@ def _microbatch():
         metrics=[f"{reduction}_local_m{micro}" for reduction in REDUCTIONS for micro in every]
                 + [f"token_global_m{micro}" for micro in every] + ["length_spread"],
         claims=[
-            Claim("The token mean normalized per micro-batch gives another gradient than the full batch (relative "
+            Check("The token mean normalized per micro-batch gives another gradient than the full batch (relative "
                   "error above 1e-3) at 2 and 4 micro-batches",
                   lambda runs: all(runs["batch=seed"][f"token_local_m{micro}"] > 1e-3 for micro in (2, 4))),
-            Claim("The token mean over the global token count, the sequence mean and the constant give the full "
+            Check("The token mean over the global token count, the sequence mean and the constant give the full "
                   "batch's gradient (relative error below 1e-12) at 1, 2 and 4 micro-batches",
                   lambda runs: all(runs["batch=seed"][f"{name}_m{micro}"] < 1e-12 for micro in every
                                    for name in ("token_global", "sequence_local", "constant_local"))),
@@ -446,6 +465,8 @@ def _microbatch():
              "metrics": [f"{name}_m4" for name in ("token_global", "sequence_local", "constant_local")],
              "title": "4 micro-batches: global count, sequence mean, constant", "ylabel": "relative gradient error",
              "same_y_as": 0}]},
+        seeds_reason="exact gradients of one batch per seed: 5 batches show that the identities hold whatever the "
+                     "batch",
         cost=0.1,
     )
 
@@ -472,7 +493,7 @@ def _grpo2_vs_dpo():
         claims=[
             Claim("With its KL penalty (beta 0.02), GRPO with G = 2 ends below online DPO",
                   difference("final_success_probability", dpo2, grpo2), "greater", 0.8),
-            Claim("With GRPO's KL penalty off, GRPO with G = 2 and online DPO end within 0.01 of each other",
+            Check("With GRPO's KL penalty off, GRPO with G = 2 and online DPO end within 0.01 of each other",
                   difference("final_success_probability", dpo2, grpo2_off), "within", margin=0.01),
             Claim("GRPO with G = 2 needs more sampled tokens to reach 0.9 than GRPO with G = 8",
                   difference("tokens_to_0.9", grpo2, grpo8), "greater", 0.8,
@@ -488,6 +509,8 @@ def _grpo2_vs_dpo():
              "ylabel": "p(correct)"},
             {"kind": "values", "metrics": ["tokens_to_0.9"], "title": "sampled tokens to exact success 0.9",
              "ylabel": "tokens"}]},
+        seeds_reason="the gap made by the KL penalty measures 3.9 on seeds 0-4, over the 1.24 that 5 seeds separate; "
+                     "the token costs (1.45, 1.18) need about 5 and 7",
         cost=0.4,
     )
 
@@ -532,6 +555,8 @@ def _four_algorithms():
             {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
              "ylabel": "nats per response"}]},
         seeds=20,
+        seeds_reason="a run that never reaches 0.9 comes about once in 20: 20 seeds show it and bound its rate "
+                     "(Wilson's interval)",
         cost=0.4,
     )
 
@@ -552,7 +577,7 @@ def _dpo_label_flips():
         metrics=["final_expected_reward", "dpo_training_loss", "dpo_clean_loss"],
         curves=("expected_reward",),
         claims=[
-            Claim("The training loss ends below ln 2 (its start) at every flip count",
+            Check("The training loss ends below ln 2 (its start) at every flip count",
                   lambda runs: all(runs[names[count]]["dpo_training_loss"] < math.log(2) for count in flips)),
             Claim("The loss on the true labels rises with the flips (0 < 3 < 6 < 12)",
                   lambda runs: all(runs[names[a]]["dpo_clean_loss"] < runs[names[b]]["dpo_clean_loss"]
@@ -561,7 +586,7 @@ def _dpo_label_flips():
                   lambda runs: runs[names[3]]["final_expected_reward"] > start),
             Claim("... but ends below the clean labels' reward",
                   lambda runs: runs[names[3]]["final_expected_reward"] < runs[names[0]]["final_expected_reward"]),
-            Claim("With all 12 reversed the true reward falls below -0.4 (the worst possible is -0.5)",
+            Check("With all 12 reversed the true reward falls below -0.4 (the worst possible is -0.5)",
                   lambda runs: runs[names[12]]["final_expected_reward"] < -0.4),
         ],
         figure={"panels": [
@@ -573,6 +598,8 @@ def _dpo_label_flips():
              "title": "final loss on the labels trained on", "ylabel": "DPO loss"},
             {"kind": "sweep", "x": "preference_flips", "metric": "dpo_clean_loss",
              "title": "final loss on the true labels", "ylabel": "DPO loss"}]},
+        seeds_reason="the bandit's losses and rewards are exact and their orderings hold by wide margins: 5 seeds "
+                     "show them",
         cost=0.15,
     )
 
@@ -593,11 +620,11 @@ def _group_size():
         metrics=["zero_group_fraction", "actions_to_0.9", "final_expected_reward"],
         curves=("zero_group_fraction", "best_action_probability"),
         claims=[
-            Claim("Every G reaches best-action probability 0.9",
+            Check("Every G reaches best-action probability 0.9",
                   lambda runs: all(runs[c]["actions_to_0.9"] is not None for c in names)),
-            Claim("Most groups tie over the run (zero_group_fraction above 0.5) at every G",
+            Check("Most groups tie over the run (zero_group_fraction above 0.5) at every G",
                   lambda runs: all(runs[c]["zero_group_fraction"] > 0.5 for c in names)),
-            Claim("The share of tied groups falls as G grows (G = 2 > 4 > 8 > 16)",
+            Check("The share of tied groups falls as G grows (G = 2 > 4 > 8 > 16)",
                   lambda runs: all(runs[a]["zero_group_fraction"] > runs[b]["zero_group_fraction"]
                                    for a, b in zip(names, names[1:]))),
         ],
@@ -608,6 +635,8 @@ def _group_size():
              "title": "tied groups, mean over the run", "ylabel": "share of groups"},
             {"kind": "sweep", "x": "group_size", "metric": "actions_to_0.9",
              "title": "sampled actions to best-action probability 0.9", "ylabel": "actions"}]},
+        seeds_reason="the shares of tied groups are means over every iteration, far apart from one G to the next: 5 "
+                     "seeds show them",
         cost=0.35,
     )
 
@@ -629,7 +658,7 @@ def _chain_lambda():
                   difference("expected_return_step_5", names[0.95], names[0.0]), "greater", 0.8),
             Claim("lambda 0 still learns the delayed reward: final J above 0.99",
                   lambda runs: runs[names[0.0]]["final_expected_return"] > 0.99),
-            Claim("... and catches up: final J within 0.005 of lambda 0.95's",
+            Check("... and catches up: final J within 0.005 of lambda 0.95's",
                   difference("final_expected_return", names[0.95], names[0.0]), "within", margin=0.005),
         ],
         figure={"panels": [
@@ -638,6 +667,7 @@ def _chain_lambda():
             {"kind": "values",
              "metrics": ["expected_return_step_1", "expected_return_step_5", "expected_return_step_10"],
              "title": "J at steps 1, 5, 10", "ylabel": "J"}]},
+        seeds_reason="the slow start measures 5.1 on seeds 0-4, over the 1.24 that 5 seeds separate",
         cost=0.35,
     )
 
@@ -658,12 +688,12 @@ def _reward_shift():
                  "advantage_change"],
         curves=("best_action_probability",),
         claims=[
-            Claim("GRPO's first-batch advantages do not move with a shift of 5 (by less than 1e-12)",
+            Check("GRPO's first-batch advantages do not move with a shift of 5 (by less than 1e-12)",
                   lambda runs: runs[names["grpo", 5.0]]["advantage_change"] < 1e-12),
-            Claim("... so its run is the unshifted run: best-action probability at step 10 equal within 1e-9",
+            Check("... so its run is the unshifted run: best-action probability at step 10 equal within 1e-9",
                   lambda runs: abs(runs[names["grpo", 5.0]]["best_action_probability_step_10"]
                                                  - runs[names["grpo", 0.0]]["best_action_probability_step_10"]) < 1e-9),
-            Claim("PPO's first-batch advantages move by the whole shift (5, within 1e-12)",
+            Check("PPO's first-batch advantages move by the whole shift (5, within 1e-12)",
                   lambda runs: abs(runs[names["ppo", 5.0]]["advantage_change"] - 5.0) < 1e-12),
             Claim("... and PPO learns slower with the shift: best-action probability at step 5 lower",
                   difference("best_action_probability_step_5", names["ppo", 0.0], names["ppo", 5.0]),
@@ -676,6 +706,8 @@ def _reward_shift():
              "title": "PPO: shift 0 and 5", "ylabel": "best-action probability"},
             {"kind": "values", "metrics": ["advantage_change"], "title": "first batch: change of the advantages",
              "ylabel": "max |A(R + 5) - A(R)|"}]},
+        seeds_reason="the advantages are identities; the slower PPO start measures 3.8 on seeds 0-4, over the 1.24 "
+                     "that 5 seeds separate",
         cost=0.15,
     )
 
@@ -721,6 +753,8 @@ def _sparse_reward():
              "title": "tied groups, mean over the run", "ylabel": "share of groups"},
             {"kind": "sweep", "x": "group_size", "metric": "actions_to_0.9",
              "title": "sampled actions to best-action probability 0.9", "ylabel": "actions"}]},
+        seeds_reason="the tie gap at G = 2 measures 2.8 on seeds 0-4, over the 1.24 that 5 seeds separate; at G = 16 "
+                     "(0.62) about 22 seeds, and the sample cost measured none (-0.45)",
         cost=0.35,
     )
 
@@ -815,6 +849,8 @@ def _passk_narrowing():
                                            "test_distinct_correct_per_prompt_after"],
              "title": "distinct correct answers per test prompt, SFT start and after RL",
              "ylabel": "answers (of 64 samples)"}],
+        seeds_reason="pass@1 and pass@64 move by 10.8 and 1.7 on seeds 0-4, over the 1.24 that 5 seeds separate; the "
+                     "ablation (1.29) needs about 6",
         cost=34.0,
     )
 
@@ -853,6 +889,8 @@ def _sft_vs_rl_generalization():
             "test success",
             {"kind": "values", "metrics": ["generalization_gap"], "title": "train minus test success at the end",
              "ylabel": "difference"}],
+        seeds_reason="the test gain measures 6.6 on seeds 0-4, over the 1.24 that 5 seeds separate; the opening gap "
+                     "(0.73) needs about 16",
         cost=32.0,
     )
 
@@ -876,7 +914,7 @@ def _clip_higher_entropy():
                  "test_distinct_correct_per_prompt_after"],
         curves=("entropy", "test_success_probability"),
         claims=[
-            Claim("The mechanism is at work: the clip zeroes some gradients at eps_high 0.2 (mean clip fraction "
+            Check("The mechanism is at work: the clip zeroes some gradients at eps_high 0.2 (mean clip fraction "
                   "above 0.005)", lambda runs: runs[low]["clip_fraction"] > 0.005),
             Claim("eps_high 0.28 ends with a higher entropy than 0.2", difference("entropy_last", high, low),
                   "greater", 0.8),
@@ -892,6 +930,8 @@ def _clip_higher_entropy():
             {"kind": "values", "metrics": ["test_pass@16_after"], "title": "test pass@16 after RL",
              "ylabel": "pass@16"},
             "test success"],
+        seeds_reason="5 seeds separate effects above 1.24; the entropy and pass@16 gaps measured 0.38 to 1.08 on "
+                     "seeds 0-4, which need 8 to 56 seeds",
         cost=22.0,
     )
 
@@ -928,6 +968,7 @@ def _length_growth():
             {"kind": "values", "metrics": ["mean_correct_length_tail"], "title": "correct answers, last 10 iterations",
              "ylabel": "tokens"},
             "final test success"],
+        seeds_reason="the gaps measure 1.26 to 7 on seeds 0-4, at or over the 1.24 that 5 seeds separate",
         cost=12.0,
     )
 
@@ -951,7 +992,7 @@ def _precision_mismatch():
         metrics=["sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl", "final_test_success_probability"],
         curves=("test_success_probability",),
         claims=[
-            Claim("The mismatch orders by precision: bfloat16 > float16 > float32 in mean |log p_sampler - "
+            Check("The mismatch orders by precision: bfloat16 > float16 > float32 in mean |log p_sampler - "
                   "log p_trainer| per token", lambda runs: runs[bf16]["sampler_logp_diff_mean"]
                   > runs[fp16]["sampler_logp_diff_mean"] > runs[fp32]["sampler_logp_diff_mean"]),
             Claim("A bfloat16 sampler ends within 0.05 of the float32 sampler's test success",
@@ -966,6 +1007,8 @@ def _precision_mismatch():
              "trainer| of a batch", "ylabel": "nats"},
             "test success",
             "final test success"],
+        seeds_reason="the ordering is a property of the number formats; the equivalences need an interval inside "
+                     "+-0.05, which 5 seeds give at the spread of seeds 0-4",
         cost=14.0,
     )
 
@@ -1015,6 +1058,8 @@ def _kl_placement():
             {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
              "ylabel": "nats per response"},
             "final test success"],
+        seeds_reason="the KL in the reward and at beta 0.2 pull by 2.3 and 3.8 on seeds 0-4, over the 1.24 that 5 "
+                     "seeds separate; k3 at beta 0.02 measured 0.17, too small for any affordable count",
         cost=12.0,
     )
 
@@ -1037,10 +1082,10 @@ def _padding_bug():
                  "kl_reference"],
         curves=("test_success_probability",),
         claims=[
-            Claim("With mask positions the trainer scores the sampled tokens as the sampler drew them (largest "
+            Check("With mask positions the trainer scores the sampled tokens as the sampler drew them (largest "
                   "|difference| below 1e-4 in the first batch)", lambda runs: runs[right]["first_batch_logp_diff_max"]
                   < 1e-4),
-            Claim("With arange positions it does not: the largest |difference| in the first batch exceeds 0.01 nats",
+            Check("With arange positions it does not: the largest |difference| in the first batch exceeds 0.01 nats",
                   lambda runs: runs[bug]["first_batch_logp_diff_max"] > 0.01),
             Claim("The bug costs test success at the end", difference("final_test_success_probability", right, bug),
                   "greater", 0.8),
@@ -1050,6 +1095,8 @@ def _padding_bug():
              "trainer|, first batch", "ylabel": "nats"},
             "test success",
             "final test success"],
+        seeds_reason="the mismatch is a property of the code; its cost in success measures 8.4 on seeds 0-4, over the "
+                     "1.24 that 5 seeds separate",
         cost=12.0,
     )
 

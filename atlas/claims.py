@@ -1,6 +1,11 @@
 """Claims as checks over the per-seed results, and their verdicts: a property counted over seeds
 ("count"), a paired difference between configurations that share seeds ("greater"), an equivalence
-("within"), or an identity computed without seeds ("exact"); and the words a verdict is shown in."""
+("within"), or an identity computed without seeds ("exact"); and the words a verdict is shown in.
+
+Each claim is of one of two kinds. A "check" is an identity or a property of the code: its right answer
+is known, and a failure is a bug. A "claim" is an RL effect that could come out either way: the atlas's
+findings, which its headline counts. A run that never reached a target counts at its budget (see
+`difference`): no seed is dropped for it."""
 
 from __future__ import annotations
 
@@ -11,6 +16,13 @@ from atlas.stats import mean_interval, wilson_interval
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 CLAIM_TESTS = ("count", "greater", "within", "exact")
+CHECK, CLAIM = "check", "claim"
+KINDS = (CHECK, CLAIM)
+# a target metric (the first iteration, step, sampled token or action at which a run reached 0.9) is None
+# for a run that never reached it; the metric that holds what the run spent stands in for it: its budget
+# ("iterations" is the run's last iteration, which the engine adds from its curve)
+TARGET_BUDGETS = {"iterations_to_0.9": "iterations", "steps_to_0.9": "iterations",
+                  "tokens_to_0.9": "total_tokens_sampled", "actions_to_0.9": "sampled_actions"}
 
 
 @dataclass(frozen=True)
@@ -20,14 +32,16 @@ class Claim:
     test "count":   a bool (the property holds in this seed); the claim holds when at least `at_least` of
                     the seeds (a share, rounded up, at least 1) show it, else does not hold;
     test "greater": a float claimed > 0 (a paired difference), or None when undefined in this seed (a
-                    target never reached); holds when at least `at_least` of the defined seeds are > 0
-                    and the 95% t-interval of the mean is above 0; does not hold when the same is true
-                    below 0; within noise otherwise;
+                    metric not measured; a target never reached counts at its budget); holds when at
+                    least `at_least` of the defined seeds are > 0 and the 95% t-interval of the mean is
+                    above 0; does not hold when the same is true below 0; within noise otherwise;
     test "within":  a float claimed inside +-margin; holds when the 95% interval lies inside it, does not
                     hold when the interval lies wholly outside it, within noise otherwise;
     test "exact":   value(None) is a bool computed without seeds (an identity of a table).
 
-    note: the cause, the ablation that tests it, or why a claim that does not hold is kept."""
+    note: the cause, the ablation that tests it, or why a claim that does not hold is kept. A Claim is of
+    the kind CLAIM (an RL effect that could come out either way); a Check is the same test of the kind
+    CHECK (its answer is known)."""
 
     text: str
     value: object
@@ -35,6 +49,22 @@ class Claim:
     at_least: float = 1.0
     margin: float | None = None
     note: str = ""
+    kind = CLAIM  # a class attribute, not a field: the class says the kind
+
+
+@dataclass(frozen=True)
+class Check(Claim):
+    """A check: an identity or a property of the code, whose right answer is known (a failure is a bug,
+    not a finding). Tested and shown like a Claim, counted apart from the claims."""
+
+    kind = CHECK
+
+
+class AtBudget(float):
+    """A paired difference in which a run that never reached its target counts at its budget: a float,
+    marked so that the verdict says how many seeds rest on a budget. The budget is a lower bound of the
+    value the run would have had, so the difference keeps its sign and never grows in size: a seed
+    where one run never reached the target counts toward the other, and where both never did, as a tie."""
 
 
 def required_seeds(share, seeds):
@@ -48,13 +78,13 @@ def check_claim(claim, by_seed):
     Wilson's interval), and every seed's value."""
     if claim.test not in CLAIM_TESTS:
         raise ValueError(f"test: expected one of {', '.join(CLAIM_TESTS)}, got {claim.test!r}")
-    result = {"claim": claim.text, "test": claim.test}
+    result = {"claim": claim.text, "kind": claim.kind, "test": claim.test}
     if claim.test == "exact":
         holds = bool(claim.value(None))
         return {**result, "verdict": HOLDS if holds else FAILS, "needs": "exact", "count": "exact, no seeds",
                 "agree": None,
-                "seeds": 0, "required": None, "undefined": 0, "mean": None, "interval": None, "margin": None,
-                "per_seed": [], "note": claim.note}
+                "seeds": 0, "required": None, "undefined": 0, "at_budget": 0, "mean": None, "interval": None,
+                "margin": None, "per_seed": [], "note": claim.note}
     values = {seed: claim.value(runs) for seed, runs in by_seed.items()}
     defined = {seed: value for seed, value in values.items() if value is not None}
     seeds = len(defined)
@@ -71,7 +101,8 @@ def check_claim(claim, by_seed):
         numbers = list(defined.values())
         mean, low, high = mean_interval(numbers) if numbers else (None, None, None)
         interval = None if low is None else [low, high]
-        per_seed = [{"seed": seed, "value": value} for seed, value in defined.items()]
+        per_seed = [{"seed": seed, "value": value, "at_budget": isinstance(value, AtBudget)}
+                    for seed, value in defined.items()]
         if claim.test == "greater":
             agree, against = sum(value > 0 for value in numbers), sum(value < 0 for value in numbers)
             if low is not None and agree >= required and low > 0:
@@ -90,7 +121,8 @@ def check_claim(claim, by_seed):
             else:
                 verdict = NOISE
     count = f"{agree} of {seeds} seeds"
-    if seeds == 0:  # every seed left out (a target no run reached, as in a --quick run): nothing to count
+    at_budget = sum(isinstance(value, AtBudget) for value in defined.values())  # a bool never is one
+    if seeds == 0:  # every seed left out (no value, as a pass@64 that a --quick run does not sample)
         needs = "a seed with a value, and none has one"
     elif claim.test == "count":
         needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
@@ -99,15 +131,21 @@ def check_claim(claim, by_seed):
     else:
         needs = f"interval inside +-{claim.margin}"
     return {**result, "verdict": verdict, "needs": needs, "count": count, "agree": agree, "seeds": seeds,
-            "required": required,
-            "undefined": len(values) - seeds, "mean": mean, "interval": interval, "margin": claim.margin,
-            "per_seed": per_seed, "note": claim.note}
+            "required": required, "undefined": len(values) - seeds, "at_budget": at_budget, "mean": mean,
+            "interval": interval, "margin": claim.margin, "per_seed": per_seed, "note": claim.note}
 
 
 def difference(metric, first, second):
-    """A claim value: first's metric minus second's in one seed (None when either has none)."""
+    """A claim value: first's metric minus second's in one seed. For a target metric, a run that never
+    reached the target counts at its budget (TARGET_BUDGETS), and the difference is an AtBudget; for any
+    other metric, None when either run has no value (that seed is left out, and the verdict says so)."""
     def value(runs):
         a, b = runs[first][metric], runs[second][metric]
+        if metric in TARGET_BUDGETS and (a is None or b is None):
+            budget = TARGET_BUDGETS[metric]
+            a = runs[first][budget] if a is None else a
+            b = runs[second][budget] if b is None else b
+            return AtBudget(a - b)
         return None if a is None or b is None else a - b
     return value
 
@@ -148,10 +186,12 @@ def interval_text(verdict):
 
 
 def count_text(verdict):
-    """"4 of 5 seeds" (above 0, or inside the margin; with the seeds left out: a target never reached),
-    or "exact"."""
+    """"4 of 5 seeds" (above 0, or inside the margin; with the seeds that rest on a budget, a target never
+    reached, and the seeds left out, no value), or "exact"."""
     if verdict["test"] == "exact":
         return "exact"
     where = {"greater": " above 0", "within": f" inside +-{verdict['margin']}"}.get(verdict["test"], "")
     text = verdict["count"] + where
-    return text + (f" ({verdict['undefined']} left out: never reached)" if verdict["undefined"] else "")
+    if verdict.get("at_budget"):
+        text += f" ({verdict['at_budget']} at the budget: a target never reached)"
+    return text + (f" ({verdict['undefined']} left out: no value)" if verdict["undefined"] else "")

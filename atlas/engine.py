@@ -7,6 +7,7 @@ every worker and reads as one line, and no worker outlives the run."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import multiprocessing
@@ -22,7 +23,8 @@ import torch
 import online_tokens
 import policies
 from atlas.catalog import configuration_name, experiments
-from atlas.claims import check_claim, count_text, interval_text, number_text
+from atlas.claims import (CHECK, CLAIM, FAILS, HOLDS, KINDS, NOISE, check_claim, count_text, interval_text,
+                          number_text)
 from atlas.runners import RUNNERS, TARGET, TRAINING_RUNNERS, TRANSFORMER
 from lab.checks import torch_threads
 from lab.io import HeldSignals, Terminated, csv_text, json_text
@@ -112,7 +114,8 @@ def _worker_ended(process):
     if signum in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
         raise Terminated(signum)
     how = f"by {signal.Signals(signum).name}" if signum else f"with status {process.exitcode}"
-    hint = " (the out-of-memory killer sends SIGKILL: try fewer --jobs)" if signum == getattr(signal, "SIGKILL", 0) else ""
+    killed = signum == getattr(signal, "SIGKILL", 0)
+    hint = " (the out-of-memory killer sends SIGKILL: try fewer --jobs)" if killed else ""
     raise ChildProcessError(f"worker process {process.pid} ended {how} before its run finished{hint}")
 
 
@@ -180,11 +183,57 @@ def jobs_of(experiment, seeds):
     return jobs
 
 
+def _cell_value(text):
+    """A cell of runs.csv or curves.csv as the value the runner returned: "" is None, an integer is an
+    int, anything else a float (csv_text writes floats as their repr, so they read back exactly)."""
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)  # repr never writes a float without a "." or an exponent: "3.0", "1e-05"
+    except ValueError:
+        return float(text)
+
+
+def _read_rows(path):
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        return reader.fieldnames, list(reader)
+
+
+def results_from_folder(experiment, folder):
+    """(seeds, jobs, results) of the runs committed in an experiment's folder, read back from its runs.csv
+    and curves.csv as the runners returned them, so that its summaries, verdicts and figure can be
+    recomputed without running anything. Raises ValueError, naming the file, when the runs are not those
+    of `experiment` (another catalogue than the one that ran them)."""
+    path = os.path.join(folder, "runs.csv")
+    columns, rows = _read_rows(path)
+    seeds = list(dict.fromkeys(int(row["seed"]) for row in rows))
+    jobs = jobs_of(experiment, seeds)
+    metrics = columns[columns.index("seed") + 1:]
+    runs = {(row["configuration"], int(row["seed"])): {name: _cell_value(row[name]) for name in metrics}
+            for row in rows}
+    wanted = [(configuration_name(label), seed) for _, _, label, seed, _, _ in jobs]
+    if sorted(runs) != sorted(wanted) or len(rows) != len(wanted):
+        raise ValueError(f"{path}: its runs are not the configurations and seeds of the experiment "
+                         f"{experiment.name!r} (run it again)")
+    curves = {}
+    if os.path.isfile(os.path.join(folder, "curves.csv")):
+        columns, rows = _read_rows(os.path.join(folder, "curves.csv"))
+        for row in rows:
+            point = {name: _cell_value(row[name]) for name in columns[2:]}  # after configuration, seed
+            curves.setdefault((row["configuration"], int(row["seed"])), []).append(point)
+    return seeds, jobs, [{"metrics": runs[key], "curve": curves.get(key, [])} for key in wanted]
+
+
 def results_by_seed(jobs, results):
-    """{seed: {configuration name: metrics}}: what a claim reads, one seed at a time."""
+    """{seed: {configuration name: metrics}}: what a claim reads, one seed at a time; a run with a curve
+    also has "iterations", its last iteration (the budget of a target it never reached)."""
     by_seed = {}
     for (_, _, label, seed, _, _), result in zip(jobs, results):
-        by_seed.setdefault(seed, {})[configuration_name(label)] = result["metrics"]
+        budget = {"iterations": result["curve"][-1]["step"]} if result["curve"] else {}
+        by_seed.setdefault(seed, {})[configuration_name(label)] = {**result["metrics"], **budget}
     return by_seed
 
 
@@ -233,17 +282,36 @@ def _seed_range(seeds):
     return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
 
 
+def verdicts_counted(verdicts):
+    """"Claims (RL effects that could come out either way): 2 hold, 1 within noise. Checks (identities and
+    properties of the code): 1 holds." over one experiment's verdicts; a kind it has none of is left out."""
+    words = {HOLDS: ("holds", "hold"), FAILS: ("does not hold", "do not hold"), NOISE: ("within noise",) * 2}
+    parts = []
+    for kind, title in ((CLAIM, "Claims (RL effects that could come out either way)"),
+                        (CHECK, "Checks (identities and properties of the code)")):
+        found = [verdict["verdict"] for verdict in verdicts if verdict["kind"] == kind]
+        counts = [(name, found.count(name)) for name in (HOLDS, FAILS, NOISE) if found.count(name)]
+        if counts:
+            parts.append(f"{title}: " + ", ".join(f"{number} {words[name][number != 1]}" for name, number in counts)
+                         + ".")
+    return " ".join(parts)
+
+
 def summary_markdown(experiment, seeds, summary_rows, verdicts):
-    """The summary as Markdown: the claim, the verdict of each check, then one row per configuration with
-    each metric as mean +- std [min, max] over the seeds that have it (and how many never reached the
-    target), then the exact tables."""
+    """The summary as Markdown: the claim, the verdicts (each row naming its kind, claim or check, and the
+    verdicts of each kind counted apart), then one row per configuration with each metric as mean +- std
+    [min, max] over the seeds that have it (and how many never reached the target), then the exact
+    tables."""
     lines = [f"**{experiment.name}**: {experiment.summary}", "", experiment.claim, "",
              f"Source: {experiment.source}. Seeds {_seed_range(seeds)}, the same for every configuration "
-             f"(paired); 95% intervals: Student's t for a mean, Wilson's for a share.", "",
-             "| verdict | seeds | needs | claim | mean or share [95% interval] |", "|---|---|---|---|---|"]
+             f"(paired); 95% intervals: Student's t for a mean, Wilson's for a share. "
+             f"Default seeds {experiment.seeds} (an effect in standard deviations of its per-seed values): "
+             f"{experiment.seeds_reason}.", "",
+             verdicts_counted(verdicts), "",
+             "| kind | verdict | seeds | needs | claim | mean or share [95% interval] |", "|---|---|---|---|---|---|"]
     for verdict in verdicts:
-        lines.append(f"| {verdict['verdict']} | {count_text(verdict)} | {verdict['needs']} | {_cell(verdict['claim'])} "
-                     f"| {interval_text(verdict)} |")
+        lines.append(f"| {verdict['kind']} | {verdict['verdict']} | {count_text(verdict)} | {verdict['needs']} "
+                     f"| {_cell(verdict['claim'])} | {interval_text(verdict)} |")
     notes = [f"- {verdict['claim']}: {verdict['note']}" for verdict in verdicts if verdict["note"]]
     if notes:
         lines += [""] + notes
@@ -295,8 +363,9 @@ def experiment_files(experiment, seeds, jobs, results, folder, command=None):
         "claims": verdicts,
         "command": command or command_of(experiment.name),
         "seeds": list(seeds),
-        "configurations": [{"label": label, "runner": runner, "options": {key: list(value) if isinstance(value, tuple)
-                                                                           else value for key, value in options.items()}}
+        "configurations": [{"label": label, "runner": runner,
+                            "options": {key: list(value) if isinstance(value, tuple) else value
+                                        for key, value in options.items()}}
                            for label, runner, options in experiment.configurations],
         "metrics": experiment.metrics,
         "curves": list(experiment.curves),
@@ -304,10 +373,14 @@ def experiment_files(experiment, seeds, jobs, results, folder, command=None):
         "summary_statistics": ("mean, std (sample, over seeds), min and max of each metric per configuration, over "
                                "the runs that have it; a target metric's runs that never reached it are counted "
                                "('never') and left out of its statistics"),
+        "seeds_reason": experiment.seeds_reason,
         "verdicts": ("count: holds when at least the required seeds show the property; greater: holds when the "
                      "required seeds are above 0 and the 95% t-interval of the mean is above 0, does not hold when "
                      "both are true below 0, within noise otherwise; within: holds when the interval lies inside "
-                     "+-margin, does not hold when it lies wholly outside"),
+                     "+-margin, does not hold when it lies wholly outside. A run that never reached a target "
+                     "counts at its budget (its last iteration, or the tokens or actions it sampled): 'at_budget' "
+                     "seeds. kind: 'check' (an identity or a property of the code, whose answer is known) or "
+                     "'claim' (an RL effect that could come out either way)"),
         "torch": torch.__version__,
     })
     return files
@@ -326,26 +399,39 @@ def atlas_rows(folder, names=None):
     return rows
 
 
-def atlas_markdown(folder="results-experiments", held_out=()):
+def atlas_markdown(folder="results-experiments", held_out=(), kinds=KINDS):
     """The atlas's verdicts as one Markdown table, rendered from the committed settings.json files (never
-    typed by hand): experiment, claim, verdict with its count, and the mean or share with its 95%
+    typed by hand): experiment, kind, claim, verdict with its count, and the mean or share with its 95%
     interval. held_out: more atlas folders (other seeds, e.g. --seed-start 100) whose verdicts on the same
-    claims get a column each."""
+    claims get a column each; kinds: the kinds of claims the table shows (both by default)."""
     extra = [{(name, verdict["claim"]): verdict for name, settings in atlas_rows(other)
               for verdict in settings.get("claims", [])} for other in held_out]
     rows = atlas_rows(folder)
-    header = ["experiment", "claim", "needs", _first_seed_title("verdict", rows), "mean or share [95% interval]"]
+    header = ["experiment", "kind", "claim", "needs", _first_seed_title("verdict", rows),
+              "mean or share [95% interval]"]
     header += [_first_seed_title("verdict", atlas_rows(other)) for other in held_out]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name, settings in rows:
         for verdict in settings.get("claims", []):
-            cells = [name, verdict["claim"], verdict.get("needs", ""), f"{verdict['verdict']}, {count_text(verdict)}",
-                     interval_text(verdict)]
+            if verdict.get("kind") not in kinds:
+                continue
+            cells = [name, verdict["kind"], verdict["claim"], verdict.get("needs", ""),
+                     f"{verdict['verdict']}, {count_text(verdict)}", interval_text(verdict)]
             for verdicts in extra:
                 other = verdicts.get((name, verdict["claim"]))
                 cells.append(f"{other['verdict']}, {count_text(other)}" if other else "-")
             lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def verdict_counts(folder="results-experiments"):
+    """{kind: {verdict: how many}} over the atlas folders under `folder`: the headline, claims and checks
+    apart (every kind and verdict present, 0 where none)."""
+    counts = {kind: dict.fromkeys((HOLDS, FAILS, NOISE), 0) for kind in KINDS}
+    for _, settings in atlas_rows(folder):
+        for verdict in settings.get("claims", []):
+            counts[verdict["kind"]][verdict["verdict"]] += 1
+    return counts
 
 
 def _first_seed_title(title, rows):

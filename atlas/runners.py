@@ -126,7 +126,8 @@ def run_zero_variance(seed, **options):
 
     rows, _ = online_tokens.run(state, observe=observe)
     metrics = online_metrics(rows)
-    metrics["predicted_zero_group_fraction"] = math.fsum(item["predicted_zero_group_fraction"] for item in curve) / len(curve)
+    predicted = [item["predicted_zero_group_fraction"] for item in curve]
+    metrics["predicted_zero_group_fraction"] = math.fsum(predicted) / len(predicted)
     metrics["measured_minus_predicted"] = metrics["zero_group_fraction"] - metrics["predicted_zero_group_fraction"]
     error = math.sqrt(math.fsum(variances)) / len(curve)
     metrics["measured_minus_predicted_z"] = metrics["measured_minus_predicted"] / error if error > 0 else 0.0
@@ -245,7 +246,8 @@ def run_reward_shift(seed, algorithm, shift, steps):
         zero = torch.zeros_like(flat)
         change = rl_lab.gae(flat + shift, zero, zero, done, done)[0] - rl_lab.gae(flat, zero, zero, done, done)[0]
     metrics["advantage_change"] = change.abs().max().item()
-    return {"metrics": metrics, "curve": [{"step": row["step"], "best_action_probability": row["best_action_probability"],
+    return {"metrics": metrics, "curve": [{"step": row["step"],
+                                           "best_action_probability": row["best_action_probability"],
                                            "value_loss": row["value_loss"] if row["step"] else None} for row in rows]}
 
 
