@@ -120,6 +120,16 @@ def causal_padding_mask(attention_mask, query_count):
     return (causal & real_key) | itself  # (N, 1, Tq, Tk)
 
 
+def attention_bias(mask, dtype):
+    """The additive form of a bool attention mask, in `dtype`: 0 where a query may attend, -inf where not.
+
+    scaled_dot_product_attention adds it to the scores q k^T / sqrt(Dh) before the softmax, as it does with
+    the bool mask it converts itself (x + 0 is x, x - inf is -inf): the same bits. The sampler keeps one
+    up to date instead of converting a bool mask in every layer at every step.
+    """
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask.bool(), -math.inf)
+
+
 # ---------------------------------------------------------------------------------------------
 # The blocks
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +186,16 @@ class CausalSelfAttention(nn.Module):
         y = self.proj(y.transpose(1, 2).reshape(batch, length, width))  # (N, H, Tq, Dh) -> (N, Tq, D)
         return F.dropout(y, dropout) if dropout else y  # a call less per layer when sampling
 
+    def step(self, x, bias, cache, layer):
+        """`forward` for one new token per row, while sampling: x (N, D), bias (N, 1, 1, Tk) from
+        `attention_bias` -> (N, D). The same kernels on the same memory as forward(x[:, None], ...)[:, 0],
+        with fewer reshapes."""
+        batch, width = x.shape
+        q, k, v = self.qkv(x).view(batch, 3, self.n_head, 1, -1).unbind(1)  # (N, 3D) -> 3 x (N, H, 1, Dh), views
+        k, v = cache.extend(layer, k, v)  # (N, H, Tk, Dh)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (N, H, 1, Dh)
+        return self.proj(y.view(batch, width))  # (N, H, 1, Dh) -> (N, D)
+
 
 class MLP(nn.Module):
     def __init__(self, config):
@@ -201,6 +221,11 @@ class Block(nn.Module):
 
     def forward(self, x, mask, cache=None, layer=0):
         x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+    def step(self, x, bias, cache, layer):
+        """`forward` for one new token per row (N, D), without dropout: see CausalSelfAttention.step."""
+        x = x + self.attn.step(self.ln_1(x), bias, cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -298,6 +323,16 @@ class TinyLM(nn.Module):
         if cache is not None:
             cache.length += input_ids.shape[1]
         return self.ln_f(x)
+
+    def _step_logits(self, tokens, positions, bias, cache):
+        """(N, V) next-token logits after one new token per row, while sampling with a cache (eval mode):
+        tokens, positions (N,) int64, bias (N, 1, 1, cache.length + 1) from `attention_bias`. The bits of
+        self(...)[:, -1] on the same keys."""
+        x = self.token_embedding(tokens) + self.position_embedding(positions)  # (N, D)
+        for layer, block in enumerate(self.blocks):
+            x = block.step(x, bias, cache, layer)
+        cache.length += 1
+        return self.lm_head(self.ln_f(x))  # (N, D) -> (N, V)
 
     def _check_inputs(self, input_ids, attention_mask, position_ids, cache):
         check_tensor("input_ids", input_ids, kind="int", ndim=2)
@@ -647,10 +682,13 @@ def generate(model, input_ids, attention_mask, max_new_tokens, *, eos_id, pad_id
     was_training = model.training
     sampler.eval()  # dropout would make the sampler's log-probs differ from any later scoring
     try:
-        return _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
-                       generator, use_cache, param_dtype)
+        with torch.inference_mode():  # no autograd bookkeeping on the many small tensors of each step
+            out = _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p,
+                          generator, use_cache, param_dtype)
     finally:
         model.train(was_training)
+    # copies outside inference mode: the caller may write into them or keep them for a backward pass
+    return Generation(**{field.name: getattr(out, field.name).clone() for field in dataclasses.fields(out)})
 
 
 def _sample(sampler, input_ids, prompt_mask, max_new_tokens, eos_id, pad_id, temperature, top_p, generator,
@@ -709,12 +747,11 @@ def _cached_steps(sampler, sequences, mask, prompt_length, dtype):
     yield sampler.lm_head(hidden[:, -1])[rows]  # (U, P, D) -> (U, V) -> (N, V)
     cache.select_rows(rows)
     # one query at `end - 1`: it sees the real keys before it and itself (`causal_padding_mask` with Tq = 1)
-    sees = torch.ones(batch, total, dtype=torch.bool)
-    sees[:, :prompt_length] = mask[:, :prompt_length].bool()
+    bias = attention_bias(torch.ones(batch, 1, 1, total, dtype=torch.bool), dtype)  # (N, 1, 1, T), all 0
+    bias[:, 0, 0, :prompt_length].masked_fill_(mask[:, :prompt_length] == 0, -math.inf)
     real_tokens = mask[:, :prompt_length].sum(dim=1)  # (N,)
     for end in range(prompt_length + 1, total):
         real_tokens += mask[:, end - 1]
-        positions = (real_tokens - 1).clamp(min=0).unsqueeze(1)  # (N, 1): cumsum(mask) - 1 at the new token
-        hidden = sampler._trunk(sequences[:, end - 1:end], positions, sees[:, None, None, :end], cache)  # (N, 1, D)
-        yield sampler.lm_head(hidden[:, -1])  # (N, V)
-        sees[:, end - 1] = mask[:, end - 1].bool()  # later queries see this token only if it is real
+        positions = (real_tokens - 1).clamp_(min=0)  # (N,): cumsum(mask) - 1 at the new token
+        yield sampler._step_logits(sequences[:, end - 1], positions, bias[..., :end], cache)  # (N, V)
+        bias[:, 0, 0, end - 1].masked_fill_(mask[:, end - 1] == 0, -math.inf)  # later queries see it only if real
