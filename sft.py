@@ -252,8 +252,8 @@ def pair_batch(task, prompts, responses):
     """
     if not isinstance(responses, (list, tuple)) or not all(isinstance(response, (list, tuple)) for response in responses):
         raise ValueError("responses: expected a list of token-id lists")
-    responses = [[check_int("responses", token, low=0, high=len(_check_task(task).vocab) - 1) for token in response]
-                 for response in responses]
+    largest = len(_check_task(task).vocab) - 1  # the task checked once, not once per token
+    responses = [[check_int("responses", token, low=0, high=largest) for token in response] for response in responses]
     if len(responses) != len(prompts):
         raise ValueError(f"responses: expected {len(prompts)} like prompts, got {len(responses)}")
     if not all(responses):
@@ -291,6 +291,18 @@ def completion_loss(model, input_ids, attention_mask, completion_mask):
     if count == 0:
         raise ValueError("completion_mask: expected at least one completion token after position 0")
     return -log_probs.sum() / count
+
+
+def _training_loss(model, input_ids, attention_mask, completion_mask):
+    """`completion_loss` of a training batch, the same bits and gradients, without what a step does not need:
+    the argument checks (pair_batch built and checked every row once) and the entropy (no loss term). A
+    loss that is not finite raises FloatingPointError in the training loop."""
+    logits = model(input_ids, attention_mask, check=False)  # (N, T, V)
+    log_softmax = torch.log_softmax(logits[:, :-1], dim=-1)  # (N, T-1, V): row t scores token t+1
+    log_probs = log_softmax.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, T-1, 1) -> (N, T-1)
+    scored = completion_mask[:, 1:].bool()
+    log_probs = torch.where(scored, log_probs, torch.zeros_like(log_probs))  # as completion_scores masks them
+    return -log_probs.sum() / int(scored.sum())
 
 
 @torch.no_grad()
@@ -380,7 +392,7 @@ def train_sft(task, config, progress=None):
             if (step - 1) % per_pass == 0:  # a new shuffled pass over the demonstrations
                 order = torch.randperm(len(pairs), generator=generator)
             rows = order[((step - 1) % per_pass) * batch_size:][:batch_size]
-            loss = completion_loss(model, input_ids[rows], attention_mask[rows], completion_mask[rows])
+            loss = _training_loss(model, input_ids[rows], attention_mask[rows], completion_mask[rows])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
@@ -388,6 +400,8 @@ def train_sft(task, config, progress=None):
                 group["lr"] = learning_rate_at(step, config)
             optimizer.step()
             losses.append(loss.item())
+            if not math.isfinite(losses[-1]):
+                raise FloatingPointError(f"sft: the training loss is not finite at step {step} (lower --lr)")
             norms.append(norm.item())
             if step % every == 0 or step == config.steps:
                 curve.append({"step": step, "loss": sum(losses) / len(losses),

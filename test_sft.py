@@ -198,6 +198,25 @@ class Loss(unittest.TestCase):
         self.assertEqual(count, 4 + 6 + 3)
         self.assertAlmostEqual(loss, total / count, delta=1e-12)
 
+    def test_the_training_steps_loss_is_the_bits_and_gradients_of_completion_loss(self):
+        # float32, as SFT trains: a different order of additions would show in the last bits
+        model = TinyLM(TinyLMConfig(vocab_size=16, max_len=14, n_layer=2, n_head=2, d_model=16),
+                       generator=torch.Generator().manual_seed(4))
+        prompts = [0, 7, 3, SMALL_TASK.split_prompts("train")[-1].item()]
+        responses = [(1, 10, 2, SMALL_TASK.eos_id), (3, 11, 1, 10, 5, SMALL_TASK.eos_id), (2, 3, 10), (4,)]
+        batch = sft.pair_batch(SMALL_TASK, prompts, responses)
+        gradients = []
+        for loss_of in (sft.completion_loss, sft._training_loss):
+            model.zero_grad(set_to_none=True)
+            loss = loss_of(model, *batch)
+            loss.backward()
+            gradients.append((loss.detach(), [parameter.grad.clone() for parameter in model.parameters()]))
+        (plain, plain_grads), (fast, fast_grads) = gradients
+        self.assertTrue(torch.equal(fast, plain))
+        self.assertGreater(plain.item(), 1.0)  # a random model: about log 16 nats
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(plain_grads, fast_grads)))
+        self.assertGreater(sum(grad.abs().sum().item() for grad in fast_grads), 0.0)
+
 
 # ---------------------------------------------------------------------------------------------
 # Training

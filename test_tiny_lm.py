@@ -4,6 +4,7 @@ the KV-cache sampler, lower-precision sampling, and a does-it-learn check.
     python -m unittest -v test_tiny_lm
 """
 
+import copy
 import dataclasses
 import json
 import math
@@ -20,6 +21,7 @@ from tiny_lm import (
     LogitsOverflow,
     TinyLM,
     TinyLMConfig,
+    attention_bias,
     causal_padding_mask,
     completion_log_probs,
     completion_scores,
@@ -635,6 +637,52 @@ class SameBitsFaster(unittest.TestCase):
             shared_prompt_logits(self.model, sequences, attention, 13)
         with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got OrderedDict$"):
             shared_prompt_logits(self.model.state_dict(), sequences, attention, 6)
+
+    def test_one_token_steps_are_the_bits_of_the_general_cached_forward(self):
+        # the sampler's lean step (2D linears, an additive mask) against model.forward with the same cache
+        # contents: the same kernels on the same memory, equal on any CPU
+        count, width = self.ids.shape
+        for dtype in (torch.float32, torch.float64):
+            with self.subTest(dtype=dtype):
+                model = copy.deepcopy(self.model).to(dtype)
+                caches = [KVCache(model.config, count, width + 3, dtype) for _ in range(2)]
+                with torch.no_grad():
+                    for cache in caches:
+                        model(self.ids, self.mask, cache=cache)
+                    tokens = torch.randint(2, 16, (count, 3), generator=torch.Generator().manual_seed(8))
+                    mask = torch.cat([self.mask, torch.ones(count, 3, dtype=torch.long)], dim=1)
+                    mask[::5, width + 1] = 0  # rows whose new token is padding: no later query sees it
+                    for step in range(3):
+                        end = width + step + 1
+                        plain = model(tokens[:, step:step + 1], mask[:, :end], cache=caches[0])[:, -1]  # (N, V)
+                        positions = position_ids_from_mask(mask[:, :end])[:, -1]  # (N,)
+                        seen = causal_padding_mask(mask[:, :end], 1)  # (N, 1, 1, end)
+                        lean = model._step_logits(tokens[:, step], positions, attention_bias(seen, dtype), caches[1])
+                        self.assertTrue(torch.equal(lean, plain))
+                self.assertEqual(caches[1].length, width + 3)
+
+    def test_the_additive_mask_is_zero_or_minus_infinity_and_attends_as_the_bool_one(self):
+        mask = causal_padding_mask(self.mask, 6)  # (N, 1, 6, 6) bool
+        bias = attention_bias(mask, torch.float32)
+        self.assertEqual(bias.dtype, torch.float32)
+        self.assertTrue(torch.equal(bias == 0, mask))
+        self.assertTrue(torch.equal(bias == -math.inf, ~mask))
+        q, k, v = torch.randn(3, self.ids.shape[0], 2, 6, 4, generator=torch.Generator().manual_seed(2))  # (N, H, T, Dh)
+        self.assertTrue(torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
+
+    def test_sampled_and_scored_tensors_are_ordinary_tensors_the_caller_may_write(self):
+        # both run under inference_mode for speed and return copies made outside it
+        out = generate(self.model, self.ids, self.mask, 4, eos_id=EOS, pad_id=PAD,
+                       generator=torch.Generator().manual_seed(3))
+        sequences = torch.cat([self.ids, torch.full((self.ids.shape[0], 3), 5)], dim=1)
+        scored = shared_prompt_logits(self.model, sequences, torch.ones_like(sequences), 6)
+        for tensor in (out.sequences, out.attention_mask, out.completion_mask, out.log_probs, out.truncated, scored):
+            self.assertFalse(tensor.is_inference())
+        out.log_probs.add_(1.0)  # an inference tensor refuses an in-place update outside inference_mode
+        weight = torch.ones((), requires_grad=True)
+        (scored * weight).sum().backward()  # and being saved for a backward pass
+        self.assertAlmostEqual(weight.grad.item(), scored.sum().item(), places=3)
 
 
 class LowerPrecisionSampling(unittest.TestCase):

@@ -161,8 +161,9 @@ class KVCache:
     def select_rows(self, rows):
         """Keep the cached rows `rows` ((N',) int64, repeats allowed): a prompt run once serves every
         response drawn from it (a group of G), with the same keys and values bit for bit."""
-        self.keys = [keys[rows] for keys in self.keys]  # (N, H, capacity, Dh) -> (N', H, capacity, Dh)
-        self.values = [values[rows] for values in self.values]
+        # index_select copies whole rows, several times faster than the general indexing of keys[rows]
+        self.keys = [keys.index_select(0, rows) for keys in self.keys]  # (N, H, capacity, Dh) -> (N', H, capacity, Dh)
+        self.values = [values.index_select(0, rows) for values in self.values]
 
 
 class CausalSelfAttention(nn.Module):
@@ -551,7 +552,6 @@ def completion_log_probs(model, input_ids, attention_mask, completion_mask, *, t
                              position_ids=position_ids).log_probs
 
 
-@torch.no_grad()
 def shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids=None):
     """(N, R, V) the logits that predict the last R = T - prompt_length tokens, without gradient, computed
     once per distinct prompt: model(input_ids, attention_mask, position_ids)[:, prompt_length - 1:-1], bit for bit.
@@ -569,6 +569,12 @@ def shared_prompt_logits(model, input_ids, attention_mask, prompt_length, positi
     _check_model(model)
     check_int("prompt_length", prompt_length, low=1, high=input_ids.shape[1] - 1)
     model._check_inputs(input_ids, attention_mask, position_ids, None)
+    with torch.inference_mode():  # no autograd bookkeeping on the tensors of the two passes
+        logits = _shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids)
+    return logits.clone()  # a copy outside inference_mode: the caller may write into it or keep it for a backward pass
+
+
+def _shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids):
     batch, total = input_ids.shape
     attention = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     positions = _position_ids(attention) if position_ids is None else position_ids
