@@ -163,7 +163,8 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
     median over `runs` of the mean of `repeats` calls (one call lasts milliseconds). figures:
     {"parameters", "prompts", "new_tokens", "tokens_sampled", "sampling": {name: {"ms", "tokens_per_s"}},
     "flops_per_sampled_token", "cache_gflops" (the rate sampling with the cache reaches), "matmul_gflops" (the
-    machine's, see `matmul_gflops`), "scoring_forward_ms", "scoring_forward_backward_ms"}."""
+    machine's, see `matmul_gflops`), "limit_tokens_per_s" (matmul_gflops over the FLOPs a token), "scoring_forward_ms",
+    "scoring_forward_backward_ms"}."""
     with torch_threads(1):
         generator = torch.Generator().manual_seed(0)
         config = tiny_lm.TinyLMConfig()
@@ -204,11 +205,12 @@ def tiny_lm_lines(runs, batch=64, prompt_width=12, new_tokens=16, repeats=10):
         flops = sampling_flops(config, batch, prompt_width, steps)
         achieved = flops / (figures["sampling"]["cache"]["ms"] / 1e3) / 1e9
         peak = matmul_gflops(runs, config)
+        limit = peak * 1e9 / (flops / (batch * steps))  # tokens/s of a sampler limited by arithmetic alone
         figures.update(flops_per_sampled_token=round(flops / (batch * steps)), cache_gflops=round(achieved, 2),
-                       matmul_gflops=round(peak, 1))
+                       matmul_gflops=round(peak, 1), limit_tokens_per_s=round(limit))
         lines.append(f"  {'FLOPs with the cache':36s} {flops / (batch * steps) / 1e3:7.0f} k a sampled token "
-                     f"(prompt included): {achieved:.1f} GFLOP/s, against {peak:.0f} GFLOP/s of this machine's "
-                     f"matrix product at the MLP's shape")
+                     f"(prompt included): {achieved:.1f} GFLOP/s, {achieved / peak:.0%} of the {peak:.0f} GFLOP/s "
+                     f"of this machine's matrix product at the MLP's shape (a limit of {limit:,.0f} tokens/s)")
         with torch.no_grad():
             forward, fastest = per_call(lambda: score(False))
         lines.append(f"  {'scoring forward (no gradient)':36s} {forward * 1e3:7.1f} ms [{fastest * 1e3:.1f}] "
