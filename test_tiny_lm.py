@@ -667,7 +667,8 @@ class SameBitsFaster(unittest.TestCase):
         self.assertEqual(bias.dtype, torch.float32)
         self.assertTrue(torch.equal(bias == 0, mask))
         self.assertTrue(torch.equal(bias == -math.inf, ~mask))
-        q, k, v = torch.randn(3, self.ids.shape[0], 2, 6, 4, generator=torch.Generator().manual_seed(2))  # (N, H, T, Dh)
+        generator = torch.Generator().manual_seed(2)
+        q, k, v = torch.randn(3, self.ids.shape[0], 2, 6, 4, generator=generator)  # 3 x (N, H, T, Dh)
         self.assertTrue(torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
                                     F.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
 
