@@ -984,6 +984,44 @@ def categorical_kl(logits, reference_logits, *, check=True):
     return (p * log_ratio).sum(dim=-1)
 
 
+def kl_optimum_logp(rewards, ref_logp, beta):
+    """log pi*(a|x) = log ref(a|x) + R(x, a) / beta - log Z(x): the maximizer of E_pi[R] - beta KL(pi || ref)
+    per context (the KL-regularized objective's closed form; e.g. DPO, arXiv 2305.18290, eq. 4).
+
+    Args: rewards (X, A) float; ref_logp (X, A) log-probs of the reference; beta > 0 (a float).
+    Returns: (X, A) log-probs. At pi* the shaped reward R - beta log(pi* / ref) = beta log Z(x) is the
+    same for every action: the exact gradient of the objective, p * (shaped - E_p[shaped]), is zero.
+    """
+    return F.log_softmax(ref_logp + rewards / beta, dim=-1)
+
+
+FORWARD_OPTIMUM_BISECTIONS = 200  # halvings of [max R, max R + beta]: far below float64's resolution
+
+
+def forward_kl_optimum_logp(rewards, ref_logp, beta):
+    """The maximizer of E_pi[R] - beta KL(ref || pi) per context, with the FORWARD KL (the reference first):
+    what k3 as an on-policy loss term optimizes, since E_{a~pi}[grad k3] = grad KL(ref || pi).
+
+    Setting the gradient of sum_a p R + beta sum_a ref log p under sum_a p = 1 to zero gives
+        p(a) = beta ref(a) / (mu - R(a)),    mu = E_p[R] + beta,
+    with mu > max_a R chosen so that the p sum to 1; the sum falls from +inf (mu -> max R) to at most 1
+    (mu = max R + beta), so mu is found by bisection, per context. Unlike pi*, p never falls below
+    beta ref(a) / (max R - min R + beta): the forward KL keeps mass on every action the reference has.
+
+    Args: rewards (X, A) float; ref_logp (X, A) log-probs of the reference (every entry finite); beta > 0.
+    Returns: (X, A) log-probs.
+    """
+    ref = ref_logp.exp()
+    low = rewards.max(dim=-1, keepdim=True).values  # (X, 1): the sum of p is +inf here
+    high = low + beta  # the sum is <= 1 here
+    for _ in range(FORWARD_OPTIMUM_BISECTIONS):
+        middle = (low + high) / 2
+        above_one = (beta * ref / (middle - rewards)).sum(dim=-1, keepdim=True) > 1.0  # (X, 1)
+        low, high = torch.where(above_one, middle, low), torch.where(above_one, high, middle)
+    probs = beta * ref / (high - rewards)
+    return (probs / probs.sum(dim=-1, keepdim=True)).log()  # the last halving's rounding, normalized away
+
+
 def _check_kl_args(policy_logps, ref_logps, check):
     if check:
         check_matching([("policy_logps", policy_logps), ("ref_logps", ref_logps)])
@@ -2392,6 +2430,9 @@ PPO_BATCH_SIZE = 128
 VALUE_COEF = 0.5
 EPSILON_HIGH = 5.0
 GROUP_ADVANTAGE_EPSILON = 1e-8
+# where the KL to the reference goes (train's kl_placement; None: each algorithm's own, PPO's k1 of the sampling
+# policy in the reward, GRPO's and CISPO's exact KL(current || reference) in the loss)
+KL_PLACEMENTS = ("k1-reward", "k3-loss", "k3-is-loss")
 
 COLUMNS = [
     "algorithm", "step", "optimizer_steps", "sampled_actions", "pair_presentations", "expected_reward",
@@ -2461,8 +2502,18 @@ def _exact_metrics(logp, ref_logp, rewards):
     }
 
 
-def _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards):
-    """The JSON settings: those every algorithm shares, then the ones that apply to `algorithm`."""
+KL_DESCRIPTIONS = {
+    "k1-reward": "shaped reward R - kl_beta * (old_logp - ref_logp) (k1 of the sampling policy), no KL in the loss",
+    "k3-loss": "kl_beta * mean k3(logp, ref_logp) over the sampled actions, in the loss",
+    "k3-is-loss": "kl_beta * mean of (pi / pi_old) * k3(logp, ref_logp) over the sampled actions, in the loss",
+}
+
+
+def _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards,
+              kl_beta=KL_BETA, kl_placement=None, scale_rewards="group"):
+    """The JSON settings: those every algorithm shares, then the ones that apply to `algorithm` (the KL's
+    placement and the advantage scale only where they differ from the defaults, so default runs keep
+    their files)."""
     settings = {
         "algorithm": algorithm,
         "seed": seed,
@@ -2484,18 +2535,21 @@ def _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_
     if algorithm == "dpo":
         settings.update({"dpo_beta": DPO_BETA, "offline_preference_pairs": int(preference_pairs(rewards).shape[0])})
         return settings
-    settings.update({"kl_beta": KL_BETA, "update_epochs": UPDATE_EPOCHS, "target_old_policy_kl": TARGET_OLD_POLICY_KL})
+    settings.update({"kl_beta": kl_beta, "update_epochs": UPDATE_EPOCHS, "target_old_policy_kl": TARGET_OLD_POLICY_KL})
     if algorithm == "ppo":
         settings.update({"clip_epsilon": CLIP_EPSILON, "ppo_batch_size": PPO_BATCH_SIZE, "value_coef": VALUE_COEF,
-                         "kl": "shaped return R - kl_beta * (old_logp - ref_logp)"})
+                         "kl": KL_DESCRIPTIONS.get(kl_placement, "shaped return R - kl_beta * (old_logp - ref_logp)")})
         return settings
     settings.update({"clip_epsilon": CLIP_EPSILON} if algorithm == "grpo" else {"epsilon_high": EPSILON_HIGH})
     settings.update({
         "group_size": group_size,
         "online_batch_prompts": grpo_prompts,
         "group_advantage_epsilon": GROUP_ADVANTAGE_EPSILON,
-        "kl": "kl_beta * exact KL(current || reference) over the drawn contexts, in the loss",
+        "kl": KL_DESCRIPTIONS.get(kl_placement, "kl_beta * exact KL(current || reference) over the drawn contexts, in "
+                                                "the loss"),
     })
+    if scale_rewards != "group":
+        settings["scale_rewards"] = scale_rewards
     return settings
 
 
@@ -2519,12 +2573,19 @@ def optimizer_step(optimizer, params, loss, max_grad_norm=MAX_GRAD_NORM):
 @training_mode()  # the updates need autograd even under the caller's torch.no_grad() or inference_mode()
 @torch_threads(1)
 def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grpo_prompts=16, reward_shift=0.0,
-          sparse_rewards=False):
+          sparse_rewards=False, kl_beta=KL_BETA, kl_placement=None, scale_rewards="group", observe=None):
     """Train one algorithm on the bandit; return (rows, settings).
 
     reward_shift (a constant added to every reward, in [-100, 100]) and sparse_rewards (1 for the best
     action, 0 otherwise) are the two variants the accompanying article proposes (docs/sources.md); the
     defaults are the article's table.
+    kl_beta (in [0, 100]) weighs the KL to the reference; kl_placement (PPO, GRPO, CISPO) moves it: None
+    keeps each algorithm's own (PPO: k1 of the sampling policy in the reward; GRPO, CISPO: the exact KL in
+    the loss), "k1-reward" subtracts kl_beta * (old_logp - ref_logp) from each sampled reward, "k3-loss"
+    adds kl_beta * the mean k3 of the sampled actions to the loss, "k3-is-loss" the same with each k3
+    weighted by pi / pi_old (kl_k3_is_corrected); the atlas's kl-optimum compares them.
+    scale_rewards (GRPO, CISPO): group_advantages' scale, "group" (default), "batch" or "none".
+    observe(step, logits): called after every iteration with the (X, A) logits, detached (a copy).
 
     rows: list of dicts with the CSV columns (row 0 = initial evaluation), one per outer iteration.
     settings: the hyperparameters that apply to this algorithm, the seed, versions and (DPO) the
@@ -2550,9 +2611,19 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
         raise ValueError(f"preference_flips: expected an integer in [0, {pairs.shape[0]}], got {preference_flips}")
     if preference_flips and algorithm != "dpo":
         raise ValueError(f"preference_flips: only applies to dpo, got {preference_flips} with {algorithm}")
+    kl_beta = check_real("kl_beta", kl_beta, low=0.0, high=100.0)
+    if kl_placement is not None:
+        check_choice("kl_placement", kl_placement, KL_PLACEMENTS)
+    check_choice("scale_rewards", scale_rewards, GROUP_SCALES)
+    if algorithm == "dpo" and (kl_placement is not None or kl_beta != KL_BETA):
+        raise ValueError(f"kl_placement: dpo has no KL penalty to place, got {kl_placement!r} (kl_beta {kl_beta})")
+    if scale_rewards != "group" and algorithm not in ("grpo", "cispo"):
+        raise ValueError(f"scale_rewards: only applies to grpo and cispo, got {scale_rewards!r} with {algorithm}")
+    kl = _KlPenalty(kl_beta, kl_placement)
 
     # setup
-    settings = _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards)
+    settings = _settings(algorithm, steps, seed, group_size, grpo_prompts, rewards, reward_shift, sparse_rewards,
+                         kl_beta, kl_placement, scale_rewards)
     generator = torch.Generator(device=DEVICE).manual_seed(seed)  # the one seeding point of the run
     logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE, requires_grad=True)
     reference_logits = torch.zeros(NUM_CONTEXTS, NUM_ACTIONS, dtype=DTYPE, device=DEVICE)  # frozen uniform
@@ -2575,10 +2646,32 @@ def train(algorithm, *, steps=120, seed=7, group_size=8, preference_flips=0, grp
         })
         _train_dpo(logits, reference_logits, rewards, pairs, training_pairs, steps, rows)
     elif algorithm == "ppo":
-        _train_ppo(logits, reference_logits, rewards, generator, steps, rows)
+        _train_ppo(logits, reference_logits, rewards, generator, steps, rows, kl, observe)
     else:
-        _train_group(algorithm, logits, reference_logits, rewards, generator, steps, group_size, grpo_prompts, rows)
+        _train_group(algorithm, logits, reference_logits, rewards, generator, steps, group_size, grpo_prompts, rows,
+                     kl, scale_rewards, observe)
     return rows, settings
+
+
+@dataclasses.dataclass(frozen=True)
+class _KlPenalty:
+    """The KL to the reference as train places it: beta, and placement None (the algorithm's own) or one
+    of KL_PLACEMENTS."""
+
+    beta: float
+    placement: str | None
+
+    def in_reward(self, default):
+        return self.placement == "k1-reward" or (self.placement is None and default)
+
+    def loss_term(self, logp, old_logp, ref_logp):
+        """beta * the mean k3 (or IS-corrected k3) of the sampled actions, gradient through logp; 0 where
+        the KL is elsewhere."""
+        if self.placement == "k3-loss":
+            return self.beta * kl_k3(logp, ref_logp, check=False).mean()
+        if self.placement == "k3-is-loss":
+            return self.beta * kl_k3_is_corrected(logp, old_logp, ref_logp, check=False).mean()
+        return 0.0
 
 
 def _dpo_batch_loss(logits, ref_logp_table, pairs):
@@ -2631,7 +2724,7 @@ def _clip_fraction_of_pass(epoch, logp, old_logp, advantages):
     return clip_fraction((logp.detach() - old_logp).exp(), advantages, CLIP_EPSILON, check=False).item()
 
 
-def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
+def _train_ppo(logits, reference_logits, rewards, generator, steps, rows, kl, observe):
     values = torch.zeros(NUM_CONTEXTS, dtype=DTYPE, device=DEVICE, requires_grad=True)  # the critic V(x)
     params = [logits, values]
     optimizer = torch.optim.Adam(params, lr=LEARNING_RATE)
@@ -2649,7 +2742,9 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
         old_logp = old_logp_table[contexts, actions]
         ref_logp = ref_logp_table[contexts, actions]
         # advantages: KL-shaped terminal return; one step, so GAE with terminated=boundary=True is R - V_old(x)
-        shaped_returns = rewards[contexts, actions] - KL_BETA * (old_logp - ref_logp)
+        shaped_returns = rewards[contexts, actions]
+        if kl.in_reward(default=True):
+            shaped_returns = shaped_returns - kl.beta * (old_logp - ref_logp)
         advantages, returns = gae(shaped_returns, old_values[contexts], no_next_value, done, done, check=False)
         # update: up to UPDATE_EPOCHS full-batch steps, stopped once the policy drifted from old
         losses, value_losses, clipped = [], [], []
@@ -2662,7 +2757,7 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
             clipped.append(_clip_fraction_of_pass(epoch, logp, old_logp, advantages))
             policy_loss = clipped_policy_loss(logp, old_logp, advantages, CLIP_EPSILON, check=False).mean()
             value_loss = (values[contexts] - returns).square().mean()
-            loss = policy_loss + VALUE_COEF * value_loss
+            loss = policy_loss + VALUE_COEF * value_loss + kl.loss_term(logp, old_logp, ref_logp)
             optimizer_step(optimizer, params, loss)
             optimizer_steps += 1
             losses.append(loss.item())
@@ -2672,9 +2767,12 @@ def _train_ppo(logits, reference_logits, rewards, generator, steps, rows):
             "ppo", step, optimizer_steps, step * PPO_BATCH_SIZE, logits, old_logp_table, ref_logp_table, rewards,
             losses, value_losses, clipped, zero_group_fraction=0.0,
         ))
+        if observe is not None:
+            observe(step, logits.detach().clone())
 
 
-def _train_group(algorithm, logits, reference_logits, rewards, generator, steps, group_size, grpo_prompts, rows):
+def _train_group(algorithm, logits, reference_logits, rewards, generator, steps, group_size, grpo_prompts, rows,
+                 kl, scale_rewards, observe):
     optimizer = torch.optim.Adam([logits], lr=LEARNING_RATE)
     ref_logp_table = F.log_softmax(reference_logits, dim=-1)  # (X, A)
     optimizer_steps = 0
@@ -2689,13 +2787,16 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
             old_logp_table.exp()[prompt_contexts], group_size, replacement=True, generator=generator
         )  # (B, G)
         group_rewards = rewards[prompt_contexts.unsqueeze(1), group_actions]  # (B, G)
-        # advantages: relative to the group, no critic
-        advantages = group_advantages(group_rewards, GROUP_ADVANTAGE_EPSILON, check=False).reshape(-1)  # (B*G,)
-        zero_group_fraction = tied_groups(group_rewards).double().mean().item()
         contexts = prompt_contexts.repeat_interleave(group_size)  # (B,) -> (B*G,), prompt-major
         actions = group_actions.reshape(-1)  # (B, G) -> (B*G,)
         old_logp = old_logp_table[contexts, actions]
         ref_logp = ref_logp_table[contexts, actions]
+        # advantages: relative to the group, no critic (of the KL-shaped reward where the KL is in the reward)
+        shaped = group_rewards
+        if kl.in_reward(default=False):
+            shaped = group_rewards - kl.beta * (old_logp - ref_logp).reshape(grpo_prompts, group_size)  # (B, G)
+        advantages = group_advantages(shaped, GROUP_ADVANTAGE_EPSILON, scale_rewards, check=False).reshape(-1)
+        zero_group_fraction = tied_groups(group_rewards).double().mean().item()  # of the task's reward
         # update
         losses, clipped = [], []
         for epoch in range(UPDATE_EPOCHS):
@@ -2713,8 +2814,11 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
                     logp.unsqueeze(1), old_logp.unsqueeze(1), ref_logp.unsqueeze(1), advantages, one_token_mask,
                     epsilon_high=EPSILON_HIGH, beta=0.0, check=False,
                 )
-            kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts], check=False).mean()
-            loss = policy_loss + KL_BETA * kl_exact
+            if kl.placement is None:  # the exact KL of the drawn contexts; its gradient is that of KL(pi || ref)
+                kl_exact = categorical_kl(logits[prompt_contexts], reference_logits[prompt_contexts], check=False)
+                loss = policy_loss + kl.beta * kl_exact.mean()
+            else:
+                loss = policy_loss + kl.loss_term(logp, old_logp, ref_logp)
             optimizer_step(optimizer, [logits], loss)
             optimizer_steps += 1
             losses.append(loss.item())
@@ -2723,6 +2827,8 @@ def _train_group(algorithm, logits, reference_logits, rewards, generator, steps,
             algorithm, step, optimizer_steps, step * batch_actions, logits, old_logp_table, ref_logp_table, rewards,
             losses, [], clipped, zero_group_fraction,
         ))
+        if observe is not None:
+            observe(step, logits.detach().clone())
 
 
 def _record(algorithm, step, optimizer_steps, sampled_actions, logits, old_logp_table, ref_logp_table, rewards,

@@ -7,6 +7,7 @@ direction with loose thresholds, and the files' schema.
 import csv
 import inspect
 import io
+import itertools
 import json
 import math
 import multiprocessing
@@ -91,6 +92,53 @@ class ExactIdentities(unittest.TestCase):
         self.assertLess(grpo["advantage_change"], 1e-12)
         self.assertAlmostEqual(ppo["advantage_change"], 5.0, places=12)
 
+
+    def test_grpos_group_mean_scales_the_expected_policy_gradient_by_g_minus_1_over_g(self):
+        # why kl-optimum's GRPO loss-term targets sit at beta * G / (G - 1): enumerate every group of G = 3
+        rewards, group = rl_lab.reward_table()[0], 3
+        logits = torch.tensor([0.4, -0.1, 0.2], dtype=torch.float64, requires_grad=True)
+        logp = torch.log_softmax(logits, dim=-1)
+        surrogate = 0.0
+        for actions in itertools.product(range(3), repeat=group):
+            chosen = list(actions)
+            advantages = rewards[chosen] - rewards[chosen].mean()  # scale "none"
+            probability = logp.detach()[chosen].sum().exp()
+            surrogate = surrogate + probability * (advantages * logp[chosen]).sum() / group
+        (expected,) = torch.autograd.grad(surrogate, logits, retain_graph=True)
+        (exact,) = torch.autograd.grad((logp.exp() * rewards).sum(), logits)
+        torch.testing.assert_close(expected, exact * (group - 1) / group, rtol=0, atol=1e-15)
+
+    def test_kl_optimum_targets_and_a_short_run_move_toward_the_predicted_point(self):
+        reverse, forward = runners.bandit_kl_targets(0.3, "ppo", "k3-loss")
+        # context 0 (R = 1, 0.2, -0.5; uniform reference) by hand: pi* = softmax(R / 0.3); the forward optimum
+        # p = 0.1 / (mu - R) with mu found by bisection in plain floats
+        pi_star = [math.exp(r / 0.3) for r in (1.0, 0.2, -0.5)]
+        self.assertAlmostEqual(reverse[0].exp()[0].item(), pi_star[0] / sum(pi_star), places=14)
+        low, high = 1.0, 1.3
+        for _ in range(100):
+            mu = (low + high) / 2
+            low, high = (mu, high) if sum(0.1 / (mu - r) for r in (1.0, 0.2, -0.5)) > 1 else (low, mu)
+        self.assertAlmostEqual(forward[0].exp()[0].item(), 0.1 / (high - 1.0), places=12)
+        grpo_reverse, _ = runners.bandit_kl_targets(0.3, "grpo", "k3-loss")  # beta * 8 / 7 for a loss term
+        uniform = torch.full_like(reverse, -math.log(3.0))
+        torch.testing.assert_close(grpo_reverse, rl_lab.kl_optimum_logp(rl_lab.reward_table(), uniform, 0.3 * 8 / 7),
+                                   rtol=0, atol=1e-15)
+        runs = {placement: runners.run_kl_optimum(0, "ppo", placement, 0.3, steps=40)["metrics"]
+                for placement in ("k1-reward", "k3-loss")}
+        self.assertAlmostEqual(runs["k1-reward"]["targets_kl"], enumeration_kl(forward, reverse), places=14)
+        self.assertLess(runs["k1-reward"]["nearer_forward_optimum"], 0)  # loose: 40 iterations, one seed
+        self.assertGreater(runs["k3-loss"]["nearer_forward_optimum"], 0)
+
+    def test_the_kl_optimum_closed_forms_are_stationary(self):
+        self.assertLess(enumeration.kl_optimum_gradient((0.1, 0.3)), 1e-12)
+
+
+def enumeration_kl(logp, other_logp):
+    """Mean over contexts of KL(p || q), a plain loop over the table."""
+    total = 0.0
+    for row, other in zip(logp.tolist(), other_logp.tolist()):
+        total += sum(math.exp(a) * (a - b) for a, b in zip(row, other))
+    return total / len(logp)
 
 
 class Statistics(unittest.TestCase):

@@ -929,6 +929,80 @@ class KLEstimators(unittest.TestCase):
                 self.assertGreater(difference.abs().max().item(), 1e-4)
 
 
+
+class KLOptima(unittest.TestCase):
+    """The bandit's two KL-regularized optima in closed form, against hand values and gradient ascent."""
+
+    def test_reverse_kl_optimum_by_hand(self):
+        # R = [1, 0], uniform reference, beta 1: pi* = [e, 1] / (e + 1)
+        logp = rl_lab.kl_optimum_logp(t([[1.0, 0.0]]), torch.full((1, 2), -math.log(2.0), dtype=DTYPE), 1.0)
+        torch.testing.assert_close(logp.exp(), t([[math.e, 1.0]]) / (math.e + 1.0), rtol=0, atol=1e-15)
+
+    def test_forward_kl_optimum_by_hand(self):
+        # R = [1, 0], ref = [1/2, 1/2], beta 1: p = (1/2) / (mu - R) with p summing to 1:
+        # 1 / (2 (mu - 1)) + 1 / (2 mu) = 1  ->  mu^2 - 2 mu + 1/2 = 0  ->  mu = 1 + 1/sqrt(2)
+        mu = 1.0 + 1.0 / math.sqrt(2.0)
+        logp = rl_lab.forward_kl_optimum_logp(t([[1.0, 0.0]]), torch.full((1, 2), -math.log(2.0), dtype=DTYPE), 1.0)
+        torch.testing.assert_close(logp.exp(), t([[0.5 / (mu - 1.0), 0.5 / mu]]), rtol=0, atol=1e-14)
+        self.assertAlmostEqual((logp.exp() * t([[1.0, 0.0]])).sum().item() + 1.0, mu, places=14)  # mu = E[R] + beta
+
+    def test_forward_kl_optimum_matches_gradient_ascent_on_its_objective(self):
+        rewards, ref_logp = rl_lab.reward_table(), F.log_softmax(t([[0.3, -0.2, 0.0]] * 4), dim=-1)
+        theta = torch.zeros_like(rewards, requires_grad=True)
+        for _ in range(4000):  # the slow reference: plain ascent on E[R] + beta sum_a ref log p, beta 0.3
+            logp = F.log_softmax(theta, dim=-1)
+            objective = ((logp.exp() * rewards).sum(dim=-1) + 0.3 * (ref_logp.exp() * logp).sum(dim=-1)).sum()
+            (gradient,) = torch.autograd.grad(objective, theta)
+            theta = (theta + 2.0 * gradient).detach().requires_grad_(True)
+        closed = rl_lab.forward_kl_optimum_logp(rewards, ref_logp, 0.3).exp()
+        torch.testing.assert_close(closed, F.softmax(theta.detach(), dim=-1), rtol=0, atol=1e-10)
+        # and it is not pi*: the forward KL keeps mass on the worst action
+        reverse = rl_lab.kl_optimum_logp(rewards, ref_logp, 0.3).exp()
+        self.assertGreater((closed - reverse).abs().max().item(), 0.05)
+
+
+class BanditKLPlacement(unittest.TestCase):
+    def test_default_placement_is_each_algorithms_own(self):
+        for algorithm in ("ppo", "grpo"):
+            with self.subTest(algorithm=algorithm):
+                default = rl_lab.train(algorithm, steps=3, seed=5)
+                spelled = rl_lab.train(algorithm, steps=3, seed=5, kl_beta=rl_lab.KL_BETA, kl_placement=None,
+                                       scale_rewards="group")
+                self.assertEqual(default, spelled)
+        # PPO's own placement is k1 in the reward: the same rows, another settings text
+        own = rl_lab.train("ppo", steps=3, seed=5)
+        moved = rl_lab.train("ppo", steps=3, seed=5, kl_placement="k1-reward")
+        self.assertEqual(own[0], moved[0])
+        self.assertNotEqual(own[1]["kl"], moved[1]["kl"])
+
+    def test_at_beta_zero_every_placement_trains_the_same(self):
+        runs = [rl_lab.train("grpo", steps=3, seed=5, kl_beta=0.0, kl_placement=placement, scale_rewards="none")[0]
+                for placement in rl_lab.KL_PLACEMENTS]
+        self.assertEqual(runs[0], runs[1])
+        self.assertEqual(runs[0], runs[2])
+
+    def test_the_placement_changes_the_run_at_a_positive_beta(self):
+        last = {placement: rl_lab.train("ppo", steps=4, seed=5, kl_beta=0.3, kl_placement=placement)[0][-1]
+                for placement in rl_lab.KL_PLACEMENTS}
+        self.assertNotEqual(last["k1-reward"]["expected_reward"], last["k3-loss"]["expected_reward"])
+        self.assertNotEqual(last["k3-loss"]["expected_reward"], last["k3-is-loss"]["expected_reward"])
+
+    def test_observe_sees_the_logits_the_rows_evaluate(self):
+        seen = []
+        rows, _ = rl_lab.train("grpo", steps=3, seed=5, observe=lambda step, logits: seen.append((step, logits)))
+        self.assertEqual([step for step, _ in seen], [1, 2, 3])
+        for (step, logits), row in zip(seen, rows[1:]):
+            self.assertAlmostEqual(rl_lab.evaluate(logits)["expected_reward"], row["expected_reward"], places=15)
+
+    def test_bad_placement_arguments_name_the_argument(self):
+        cases = [("kl_placement", "ppo", {"kl_placement": "k2-loss"}), ("kl_beta", "ppo", {"kl_beta": -0.1}),
+                 ("scale_rewards", "grpo", {"scale_rewards": "std"}),
+                 ("scale_rewards", "ppo", {"scale_rewards": "none"}),
+                 ("kl_placement", "dpo", {"kl_placement": "k3-loss"})]
+        for name, algorithm, kwargs in cases:
+            with self.subTest(kwargs=kwargs), self.assertRaisesRegex(ValueError, name):
+                rl_lab.train(algorithm, steps=1, **kwargs)
+
 class SequenceLevelLosses(unittest.TestCase):
     def test_gspo_ratio_is_the_geometric_mean_and_1_before_the_update(self):
         logps = t([[math.log(1.2), math.log(0.9), 5.0], [math.log(2.0), 0.0, 0.0]])

@@ -1,10 +1,12 @@
 """Exact quantities of a table policy, every response enumerated and nothing sampled: the probability of
 each response and of each reward, expected lengths, the exact policy gradient against the expectation of
-its estimate under a mismatched sampler; and the exact per-prompt weight of group std scaling."""
+its estimate under a mismatched sampler; the exact per-prompt weight of group std scaling; and the bandit's
+KL-regularized optima checked against their objectives' gradients."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -173,3 +175,25 @@ def std_scaling_table():
             row[f"{scale}_total_weight"] = advantages.abs().sum().item()
         rows.append(row)
     return list(rows[0]), rows
+
+
+def kl_optimum_gradient(betas):
+    """The largest |gradient| on the logits of each exact bandit objective at its closed form, over `betas`:
+    E[R] - beta KL(pi || ref) at rl_lab.kl_optimum_logp, E[R] - beta KL(ref || pi) at
+    rl_lab.forward_kl_optimum_logp (mean over contexts; uniform reference). 0 up to rounding where the
+    closed forms are the optima."""
+    rewards = rl_lab.reward_table()
+    ref_logp = torch.full_like(rewards, -math.log(rl_lab.NUM_ACTIONS))
+    largest = 0.0
+    for beta in betas:
+        objectives = (  # logp (X, A) -> the objective, a scalar
+            (rl_lab.kl_optimum_logp,
+             lambda logp: (logp.exp() * (rewards - beta * (logp - ref_logp))).sum(dim=-1).mean()),
+            (rl_lab.forward_kl_optimum_logp,
+             lambda logp: ((logp.exp() * rewards).sum(dim=-1) + beta * (ref_logp.exp() * logp).sum(dim=-1)).mean()))
+        for optimum, objective in objectives:
+            logits = optimum(rewards, ref_logp, beta).clone().requires_grad_(True)
+            with torch.enable_grad():
+                (gradient,) = torch.autograd.grad(objective(torch.log_softmax(logits, dim=-1)), logits)
+            largest = max(largest, gradient.abs().max().item())
+    return largest

@@ -389,3 +389,52 @@ def _tail(rows, column):
     """The mean of a length column over the last LAST iterations that sampled such a response (None: none)."""
     values = [row[column] for row in rows[-LAST:] if row[column] > 0]
     return math.fsum(values) / len(values) if values else None
+
+
+def bandit_kl_targets(beta, algorithm, kl_placement, group_size=8):
+    """The two points a bandit run with the KL at `beta` can converge to, as (X, A) log-probs: pi*, the
+    optimum of E[R] - b KL(pi || ref), and the optimum of E[R] - b KL(ref || pi) (the forward KL), at the
+    run's effective b. A KL in the reward is scaled with the reward, so b = beta. A KL term in GRPO's loss
+    is not: GRPO's group mean holds the answer itself, so its policy term's expected gradient is (G - 1) / G
+    of the exact one, and the loss term weighs b = beta * G / (G - 1) against it (PPO's critic baseline does
+    not depend on the action: b = beta)."""
+    rewards = rl_lab.reward_table()
+    ref_logp = torch.full_like(rewards, -math.log(rl_lab.NUM_ACTIONS))  # the bandit's uniform reference
+    in_loss = algorithm in ("grpo", "cispo") and kl_placement != "k1-reward"
+    effective = beta * group_size / (group_size - 1) if in_loss else beta
+    return rl_lab.kl_optimum_logp(rewards, ref_logp, effective), rl_lab.forward_kl_optimum_logp(rewards, ref_logp,
+                                                                                                effective)
+
+
+def _kl_rows(logp, other_logp):
+    """(X,) KL(p || q) per context from (X, A) log-probs."""
+    return (logp.exp() * (logp - other_logp)).sum(dim=-1)
+
+
+@runner(trains=True)
+def run_kl_optimum(seed, algorithm, kl_placement, beta, steps=150, scale_rewards="group"):
+    """A bandit run (rl_lab.train) with the KL at `beta` placed by `kl_placement`, measured after every
+    iteration against the two exact optima of `bandit_kl_targets`: the mean over contexts of
+    KL(pi || pi*) and KL(pi || forward optimum) and the total variations, each averaged over the last
+    LAST iterations (a constant learning rate leaves the policy jittering around its fixed point)."""
+    reverse, forward = bandit_kl_targets(beta, algorithm, kl_placement)
+    points = []
+
+    def observe(step, logits):
+        logp = F.log_softmax(logits, dim=-1)
+        probs = logp.exp()
+        points.append({"step": step, "kl_to_optimum": _kl_rows(logp, reverse).mean().item(),
+                       "kl_to_forward_optimum": _kl_rows(logp, forward).mean().item(),
+                       "tv_to_optimum": 0.5 * (probs - reverse.exp()).abs().sum(dim=-1).mean().item(),
+                       "tv_to_forward_optimum": 0.5 * (probs - forward.exp()).abs().sum(dim=-1).mean().item()})
+
+    rows, _ = rl_lab.train(algorithm, seed=seed, steps=steps, kl_beta=beta, kl_placement=kl_placement,
+                           scale_rewards=scale_rewards, observe=observe)
+    tail = points[-LAST:]
+    metrics = {name: math.fsum(point[name] for point in tail) / len(tail) for name in (
+        "kl_to_optimum", "kl_to_forward_optimum", "tv_to_optimum", "tv_to_forward_optimum")}
+    metrics["nearer_forward_optimum"] = metrics["kl_to_optimum"] - metrics["kl_to_forward_optimum"]
+    metrics["targets_kl"] = _kl_rows(forward, reverse).mean().item()  # KL(forward optimum || pi*): their distance
+    metrics["final_expected_reward"] = rows[-1]["expected_reward"]
+    metrics["final_kl_reference"] = rows[-1]["kl_reference"]
+    return {"metrics": metrics, "curve": points}
