@@ -133,6 +133,46 @@ class ExactIdentities(unittest.TestCase):
         self.assertLess(enumeration.kl_optimum_gradient((0.1, 0.3)), 1e-12)
 
 
+    def test_first_order_entropy_change_is_minus_the_covariance_and_matches_autograd(self):
+        logits = torch.tensor([[0.5, -0.3, 0.1], [1.2, 0.0, -0.7]], dtype=torch.float64)
+        step = torch.tensor([[0.2, -0.1, 0.4], [-0.3, 0.5, 0.1]], dtype=torch.float64)
+        leaf = logits.clone().requires_grad_(True)
+        logp = torch.log_softmax(leaf, dim=-1)
+        (gradient,) = torch.autograd.grad(-(logp.exp() * logp).sum(), leaf)  # dH/dz per row
+        predicted = enumeration.first_order_entropy_change(logits, logits + step)
+        torch.testing.assert_close(predicted, (gradient * step).sum(dim=-1), rtol=0, atol=1e-15)
+        # a natural-gradient step dz = lr A gives -lr Cov_{a~p}(log p, A), the covariance by hand
+        probs, logp = torch.softmax(logits, dim=-1), torch.log_softmax(logits, dim=-1)
+        advantage, lr = torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64), 1e-3
+        covariance = [sum(p * (lp - sum(p * lp for p, lp in zip(row_p, row_lp))) * (a - sum(p * a for p, a in zip(
+            row_p, advantage.tolist()))) for p, lp, a in zip(row_p, row_lp, advantage.tolist()))
+            for row_p, row_lp in zip(probs.tolist(), logp.tolist())]
+        torch.testing.assert_close(enumeration.first_order_entropy_change(logits, logits + lr * advantage),
+                                   -lr * torch.tensor(covariance, dtype=torch.float64), rtol=0, atol=1e-16)
+        # and it is first order: the exact change of a small step agrees to the step's square
+        exact = -(torch.softmax(logits + 1e-4 * step, -1) * torch.log_softmax(logits + 1e-4 * step, -1)).sum(-1) - (
+            -(probs * logp).sum(-1))
+        torch.testing.assert_close(exact, enumeration.first_order_entropy_change(logits, logits + 1e-4 * step),
+                                   rtol=0, atol=1e-8)
+
+    def test_entropy_mechanism_starts_uniform_with_zero_covariance_and_measures_the_change(self):
+        result = runners.run_entropy_mechanism(0, steps=5)
+        first = result["curve"][0]
+        self.assertAlmostEqual(first["entropy"], math.log(3.0), places=14)  # zeros: uniform over 0, 1, EOS
+        self.assertLess(abs(first["covariance"]), 1e-15)  # every sampled token has log pi = -ln 3
+        # the uniform table is the entropy's maximum: the first update's change is second order only
+        self.assertLess(abs(first["first_order_change"]), 1e-15)
+        self.assertEqual([point["step"] for point in result["curve"]], [1, 2, 3, 4, 5])
+        for point in result["curve"]:
+            self.assertLess(point["entropy_change"], 0.0)  # the first updates sharpen the table
+        for point in result["curve"][2:]:  # away from the maximum the first order carries the change
+            self.assertAlmostEqual(point["first_order_change"], point["entropy_change"], delta=0.2 * abs(
+                point["entropy_change"]))
+        metrics = result["metrics"]
+        self.assertAlmostEqual(metrics["entropy_change_mean"], statistics.fmean(
+            point["entropy_change"] for point in result["curve"]), places=14)
+        self.assertIn("covariance_sign_agreement", metrics)
+
 def enumeration_kl(logp, other_logp):
     """Mean over contexts of KL(p || q), a plain loop over the table."""
     total = 0.0

@@ -1,7 +1,8 @@
 """Exact quantities of a table policy, every response enumerated and nothing sampled: the probability of
 each response and of each reward, expected lengths, the exact policy gradient against the expectation of
 its estimate under a mismatched sampler; the exact per-prompt weight of group std scaling; and the bandit's
-KL-regularized optima checked against their objectives' gradients."""
+KL-regularized optima checked against their objectives' gradients; the first-order entropy change of a
+softmax under a change of its logits."""
 
 from __future__ import annotations
 
@@ -197,3 +198,14 @@ def kl_optimum_gradient(betas):
                 (gradient,) = torch.autograd.grad(objective(torch.log_softmax(logits, dim=-1)), logits)
             largest = max(largest, gradient.abs().max().item())
     return largest
+
+
+def first_order_entropy_change(logits, new_logits):
+    """(...) the first-order change of the entropy of softmax(logits) over the last axis when the logits
+    move to new_logits: sum_a dH/dz_a dz_a with dH/dz_a = -p_a (log p_a + H), that is -Cov_{a~p}(log p(a),
+    dz(a)) (Cui et al., arXiv 2505.22617, lemma 1). With dz = lr p A (a policy-gradient step on a softmax)
+    it is -lr Cov(log p, p A); with dz = lr A (natural gradient) -lr Cov(log p, A). Shapes (..., V) in."""
+    logp = torch.log_softmax(logits, dim=-1)
+    probs = logp.exp()
+    entropy = -(probs * logp).sum(dim=-1, keepdim=True)  # (..., 1)
+    return -(probs * (logp + entropy) * (new_logits - logits)).sum(dim=-1)

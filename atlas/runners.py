@@ -5,15 +5,17 @@ level so that the engine's worker processes can run them."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 import torch.nn.functional as F
 
 import online_tokens
+import policies
 import ppo_chain
 import rl_lab
-from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, policy_gradient_bias,
-                         reward_distribution)
+from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, first_order_entropy_change,
+                         policy_gradient_bias, reward_distribution)
 from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET
 from policies import logps_of_tokens
 from rl_lab import DTYPE
@@ -438,3 +440,68 @@ def run_kl_optimum(seed, algorithm, kl_placement, beta, steps=150, scale_rewards
     metrics["final_expected_reward"] = rows[-1]["expected_reward"]
     metrics["final_kl_reference"] = rows[-1]["kl_reference"]
     return {"metrics": metrics, "curve": points}
+
+
+def _covariance(x, y):
+    """The population covariance of two (T,) tensors (a batch's tokens), as a float."""
+    return ((x - x.mean()) * (y - y.mean())).mean().item()
+
+
+def _correlation(x, y):
+    """Pearson's correlation of two equal-length lists (None when either is constant)."""
+    if len(x) < 2 or statistics.pstdev(x) == 0 or statistics.pstdev(y) == 0:
+        return None
+    return statistics.correlation(x, y)
+
+
+@runner(trains=True)
+def run_entropy_mechanism(seed, **options):
+    """An online run of a table policy that measures, per iteration, the entropy mechanism of Cui et al.
+    (arXiv 2505.22617) on the batch's kept tokens t, each in its state s_t = (prompt, position, previous
+    token), with pi the policy that sampled the batch and pi' the one after the update:
+
+        covariance          Cov_t(log pi(y_t | s_t), A_t)            the paper's batch quantity (natural PG:
+                                                                      dH = -lr Cov(log pi, A))
+        covariance_pg       Cov_t(log pi(y_t | s_t), pi(y_t | s_t) A_t)   its plain-PG form (dH = -lr Cov(log pi, pi A))
+        first_order_change  mean_t of -Cov_{a~pi(.|s_t)}(log pi(a|s_t), z'(s_t, a) - z(s_t, a)), the first-order
+                            entropy change of the update the optimizer made (Adam: neither form above)
+        entropy_change      mean_t of H(pi'(.|s_t)) - H(pi(.|s_t)), measured exactly
+
+    Metrics: each one's mean over the run, the share of iterations where -covariance and entropy_change have
+    the same sign, their correlation over iterations (and the same for covariance_pg and first_order_change),
+    the batch entropy averaged over the run (online_tokens' entropy column), and run_summary's."""
+    state = online_tokens.setup(seed=seed, **options)
+    if not state.policy.exact:
+        raise ValueError("run_entropy_mechanism: needs a table policy (every state's distribution at hand)")
+    previous = {"policy": state.policy.snapshot()}
+    curve = []
+
+    def observe(state, batch, credit, row):
+        kept = credit.loss_mask.bool()  # (N, R)
+        with torch.no_grad():
+            old_logits = previous["policy"].logits(batch.prompts, batch.completion_ids)  # (N, R, V)
+            new_logits = state.policy.logits(batch.prompts, batch.completion_ids)
+            old_entropy = policies.entropies(old_logits)  # (N, R)
+            first_order = first_order_entropy_change(old_logits, new_logits)  # (N, R)
+            token_logp = batch.old_logps[kept]  # (T,) the sampled tokens
+            advantages = credit.advantages.unsqueeze(1).expand_as(batch.old_logps)[kept]  # (N,) -> (N, R) -> (T,)
+            curve.append({"step": row["step"], "entropy": row["entropy"],
+                          "covariance": _covariance(token_logp, advantages),
+                          "covariance_pg": _covariance(token_logp, token_logp.exp() * advantages),
+                          "first_order_change": first_order[kept].mean().item(),
+                          "entropy_change": (policies.entropies(new_logits) - old_entropy)[kept].mean().item(),
+                          "success_probability": row["success_probability"]})
+        previous["policy"] = state.policy.snapshot()
+
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = online_metrics(rows)
+    measured = [point["entropy_change"] for point in curve]
+    for name in ("covariance", "covariance_pg", "first_order_change", "entropy_change"):
+        metrics[f"{name}_mean"] = math.fsum(point[name] for point in curve) / len(curve)
+    for name, sign in (("covariance", -1.0), ("covariance_pg", -1.0), ("first_order_change", 1.0)):
+        predicted = [sign * point[name] for point in curve]
+        agree = [p * m > 0 for p, m in zip(predicted, measured) if p != 0 and m != 0]
+        metrics[f"{name}_sign_agreement"] = sum(agree) / len(agree) if agree else None
+        metrics[f"{name}_correlation"] = _correlation(predicted, measured)
+    metrics["entropy_mean"] = math.fsum(point["entropy"] for point in curve) / len(curve)
+    return {"metrics": metrics, "curve": curve}
