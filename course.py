@@ -680,11 +680,6 @@ def _reference_logp():
     return torch.log_softmax(torch.tensor(REFERENCE_LOGITS, dtype=rl_lab.DTYPE), dim=-1)  # (X, A)
 
 
-def _kl_optimum_logp(rewards, ref_logp, beta):
-    """log pi*(a|x) = log ref(a|x) + R(x,a)/beta - log Z(x): the maximizer of E[R] - beta KL(pi || ref)."""
-    return torch.log_softmax(ref_logp + rewards / beta, dim=-1)
-
-
 def _exact_kl(logp, other_logp):
     """KL(p || q) per row from log-probs, summed over the last axis (nats)."""
     return (logp.exp() * (logp - other_logp)).sum(dim=-1)
@@ -819,13 +814,13 @@ def chapter_06():
         one_token, two_tokens = _one_token_example(), _two_token_example()
     checks = []
     for index, beta in enumerate(KL_BETAS):
-        closed = _kl_optimum_logp(rewards, ref_logp, beta).exp()
+        closed = rl_lab.kl_optimum_logp(rewards, ref_logp, beta).exp()
         found = torch.softmax(ascended[index], dim=-1)
         checks.append({"beta": beta, "max_abs_difference": float((closed - found).abs().max()),
                        "expected_reward": float((closed * rewards).sum(dim=-1).mean())})
     curve = []
     for beta in BETA_CURVE:
-        logp = _kl_optimum_logp(rewards, ref_logp, beta)
+        logp = rl_lab.kl_optimum_logp(rewards, ref_logp, beta)
         curve.append({"beta": beta, "expected_reward": float((logp.exp() * rewards).sum(dim=-1).mean()),
                       "kl_reference": float(_exact_kl(logp, ref_logp).mean()),
                       "best_action_probability": float(logp.exp().max(dim=-1).values.mean())})
@@ -836,12 +831,12 @@ def chapter_06():
     reset_logp = ref_logp
     resets = []
     for iteration in range(1, RESET_ITERATIONS + 1):
-        new_logp = _kl_optimum_logp(rewards, reset_logp, RESET_BETA)
+        new_logp = rl_lab.kl_optimum_logp(rewards, reset_logp, RESET_BETA)
         resets.append({"iteration": iteration, "kl_to_previous": float(_exact_kl(new_logp, reset_logp).mean()),
                        "kl_to_first": float(_exact_kl(new_logp, ref_logp).mean()),
                        "expected_reward": float((new_logp.exp() * rewards).sum(dim=-1).mean())})
         reset_logp = new_logp
-    equivalent = _kl_optimum_logp(rewards, ref_logp, RESET_BETA / RESET_ITERATIONS).exp()
+    equivalent = rl_lab.kl_optimum_logp(rewards, ref_logp, RESET_BETA / RESET_ITERATIONS).exp()
     return {
         "reference_logits": REFERENCE_LOGITS,
         "reference_probabilities": ref_logp.exp(),
@@ -897,7 +892,7 @@ def _loss_curves(margins):
 
 def chapter_07():
     rewards, ref_logp = rl_lab.reward_table(), _reference_logp()
-    optimum_logp = _kl_optimum_logp(rewards, ref_logp, PREFERENCE_BETA)  # pi* of chapter 6 for this beta
+    optimum_logp = rl_lab.kl_optimum_logp(rewards, ref_logp, PREFERENCE_BETA)  # pi* of chapter 6 for this beta
     pairs = rl_lab.preference_pairs(rewards)  # (12, 3): context, chosen, rejected
     context, chosen, rejected = pairs[:, 0], pairs[:, 1], pairs[:, 2]
     # the implicit reward beta * log(pi*/ref) = R - beta log Z(x): a difference within a context drops Z

@@ -390,7 +390,7 @@ class KLRegularizedObjective(RoundedValues):
         # J(pi*) >= J(pi) for seeded random policies, from the formula: the closed form is the maximum
         rewards, ref_logp = rl_lab.reward_table(), course._reference_logp()
         beta = 0.3
-        optimum = course._kl_optimum_logp(rewards, ref_logp, beta)
+        optimum = rl_lab.kl_optimum_logp(rewards, ref_logp, beta)
 
         def objective(logp):
             return float((logp.exp() * (rewards - beta * (logp - ref_logp))).sum(dim=-1).mean())
