@@ -123,10 +123,10 @@ class ExactIdentities(unittest.TestCase):
         uniform = torch.full_like(reverse, -math.log(3.0))
         torch.testing.assert_close(grpo_reverse, rl_lab.kl_optimum_logp(rl_lab.reward_table(), uniform, 0.3 * 8 / 7),
                                    rtol=0, atol=1e-15)
-        runs = {placement: runners.run_kl_optimum(0, "ppo", placement, 0.3, steps=40)["metrics"]
+        runs = {placement: runners.run_kl_optimum(0, "ppo", placement, 0.3, steps=20)["metrics"]
                 for placement in ("k1-reward", "k3-loss")}
         self.assertAlmostEqual(runs["k1-reward"]["targets_kl"], enumeration_kl(forward, reverse), places=14)
-        self.assertLess(runs["k1-reward"]["nearer_forward_optimum"], 0)  # loose: 40 iterations, one seed
+        self.assertLess(runs["k1-reward"]["nearer_forward_optimum"], 0)  # loose: 20 iterations, one seed
         self.assertGreater(runs["k3-loss"]["nearer_forward_optimum"], 0)
 
     def test_the_kl_optimum_closed_forms_are_stationary(self):
