@@ -465,7 +465,8 @@ class MechanismsAtReducedSize(unittest.TestCase):
 
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
-                     "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug")
+                     "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
+                     "entropy-mechanism")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -498,7 +499,8 @@ def assert_schema(test, experiment, folder, files):
 
 
 # what each runner hands its options to, to check them without a run
-ONLINE_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_sampler_mismatch")
+ONLINE_RUNNERS = ("run_online", "run_zero_variance", "run_std_scaling", "run_sampler_mismatch",
+                  "run_entropy_mechanism")
 
 
 def assert_options_are_settings(test, runner, options):
