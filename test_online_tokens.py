@@ -19,7 +19,7 @@ import library_export
 import online_tokens
 import sft
 from countdown import CountdownTask
-from lab.testing import float64, parallel_calls, run_main, single_thread_module
+from lab.testing import HERE, float64, parallel_calls, run_main, single_thread_module
 import online_algorithms
 import online_registry
 import rl_lab
@@ -993,15 +993,11 @@ def state_model(options):
 
 
 class TransformerRuns(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):  # a short SFT start of its own (the default one takes half a minute), cached
-        cls.folder = tempfile.TemporaryDirectory()
-        cls.small = {"policy": "transformer", "sft_steps": 40, "sft_folder": cls.folder.name, "prompts": 4,
-                     "group_size": 4, "eval_prompts": 4, "eval_samples": 0}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.folder.cleanup()
+    # a short SFT start of its own (the default one takes half a minute), in the cache of the atlas's --quick
+    # runs (results-sft/quick, ignored by git, a folder per setting): trained by the first run of the suite
+    # in this checkout, loaded by the next ones
+    small = {"policy": "transformer", "sft_steps": 40, "sft_folder": os.path.join(HERE, "results-sft", "quick"),
+             "prompts": 4, "group_size": 4, "eval_prompts": 4, "eval_samples": 0}
 
     def test_every_algorithm_runs_and_reports_the_transformers_columns(self):
         for algorithm in online_tokens.ALGORITHMS:
