@@ -830,9 +830,10 @@ class SecondWave(unittest.TestCase):
     def test_each_new_loss_and_advantage_learns_the_binary_task(self):
         # 10 iterations from 0.0535: each passes 0.35 on seed 7; with the advantages' sign flipped each falls
         # to 0.001, with them zeroed each stays at 0.053
-        for options in [{"algorithm": name} for name in WIRING] + [{"advantage": name} for name in NEW_ADVANTAGES]:
+        runs = [{"algorithm": name} for name in WIRING] + [{"advantage": name} for name in NEW_ADVANTAGES]
+        results = parallel_calls([("online_tokens", "train", (), {"steps": 10, **options}) for options in runs])
+        for options, (rows, _) in zip(runs, results):  # computed at once, over the machine's cores
             with self.subTest(**options):
-                rows = online_tokens.train(steps=10, **options)[0]
                 self.assertAlmostEqual(rows[0]["success_probability"], 0.0535, delta=1e-4)
                 self.assertGreater(rows[-1]["success_probability"], 0.35)
 
@@ -998,11 +999,31 @@ class TransformerRuns(unittest.TestCase):
     # in this checkout, loaded by the next ones
     small = {"policy": "transformer", "sft_steps": 40, "sft_folder": os.path.join(HERE, "results-sft", "quick"),
              "prompts": 4, "group_size": 4, "eval_prompts": 4, "eval_samples": 0}
+    SWITCHES = {"rollout_correction": "token", "off_policy_mask": 0.5, "m2po": 0.04, "kl_estimator": "k3-is",
+                "entropy_coef": 0.01, "adaptive_entropy": 0.3, "top_entropy_quantile": 0.5}
+    PRECISIONS = (("float64", None), ("float32", None), ("float32", "bfloat16"), ("float32", "float16"))
+
+    @classmethod
+    def setUpClass(cls):  # the SFT start loaded (or trained) once, then the class's runs at once over the cores
+        online_tokens.setup(**cls.small)
+        jobs = {("algorithm", name): {"steps": 2, "algorithm": name} for name in online_tokens.ALGORITHMS}
+        for options in cls.second_wave_options():
+            jobs[("second wave", tuple(options.items()))] = {"steps": 1, **options}
+        for trainer, sampler in cls.PRECISIONS:
+            jobs[("precision", trainer, sampler)] = {"steps": 1, "dtype": trainer, "sampler_dtype": sampler}
+        jobs[("pass@k",)] = {"steps": 1, "eval_samples": 4}
+        jobs[("seed 3",)] = {"steps": 2, "seed": 3}
+        results = parallel_calls([("online_tokens", "train", (), {**cls.small, **options}) for options in jobs.values()])
+        cls.runs = dict(zip(jobs, results))
+
+    @classmethod
+    def second_wave_options(cls):
+        return [{"advantage": name} for name in NEW_ADVANTAGES + ("gdpo",)] + [cls.SWITCHES]
 
     def test_every_algorithm_runs_and_reports_the_transformers_columns(self):
         for algorithm in online_tokens.ALGORITHMS:
             with self.subTest(algorithm=algorithm):
-                rows, report = online_tokens.train(steps=2, algorithm=algorithm, **self.small)
+                rows, report = self.runs[("algorithm", algorithm)]
                 self.assertEqual(list(rows[0]), online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS)
                 self.assertEqual(list(report)[:3], ["settings", "trl", "verl"])
                 self.assertEqual((report["settings"]["policy"], report["settings"]["task"]), ("transformer", "countdown"))
@@ -1010,14 +1031,12 @@ class TransformerRuns(unittest.TestCase):
                 self.assertNotIn("evaluation", report)  # eval_samples 0
 
     def test_the_second_waves_advantages_and_switches_run_and_add_their_columns(self):
-        switches = {"rollout_correction": "token", "off_policy_mask": 0.5, "m2po": 0.04, "kl_estimator": "k3-is",
-                    "entropy_coef": 0.01, "adaptive_entropy": 0.3, "top_entropy_quantile": 0.5}
         extra = ["off_policy_masked_fraction", "m2po_masked_fraction", "entropy_masked_fraction", "entropy_coef"]
-        for options in [{"advantage": name} for name in NEW_ADVANTAGES + ("gdpo",)] + [switches]:
+        for options in self.second_wave_options():
             with self.subTest(**options):
-                rows, report = online_tokens.train(steps=1, **options, **self.small)
+                rows, report = self.runs[("second wave", tuple(options.items()))]
                 columns = online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS
-                self.assertEqual(list(rows[0]), columns + (extra if options is switches else []))
+                self.assertEqual(list(rows[0]), columns + (extra if options == self.SWITCHES else []))
                 self.assertEqual(rows[-1]["optimizer_steps"], 2)
                 self.assertTrue(all(math.isfinite(rows[-1][name]) for name in columns + extra if name in rows[-1]))
                 self.assertEqual({name: report["settings"][name] for name in options}, options)
@@ -1033,7 +1052,7 @@ class TransformerRuns(unittest.TestCase):
         self.assertGreater(len(set(components[:, 1].tolist())), 1)  # the format reward varies in this batch
 
     def test_pass_at_k_before_and_after_on_every_test_prompt(self):
-        rows, report = online_tokens.train(steps=1, **{**self.small, "eval_samples": 4})
+        rows, report = self.runs[("pass@k",)]
         before, after = report["evaluation"]["before"], report["evaluation"]["after"]
         self.assertEqual((before["prompts"], before["samples"], before["split"]), (106, 4, "test"))
         self.assertTrue(0.0 <= before["pass@1"] <= before["pass@4"] <= 1.0)
@@ -1051,8 +1070,8 @@ class TransformerRuns(unittest.TestCase):
 
     def test_the_sampler_in_a_lower_precision_differs_from_the_trainer_by_a_measured_amount(self):
         differences = {}
-        for trainer, sampler in (("float64", None), ("float32", None), ("float32", "bfloat16"), ("float32", "float16")):
-            rows, _ = online_tokens.train(steps=1, dtype=trainer, sampler_dtype=sampler, **self.small)
+        for trainer, sampler in self.PRECISIONS:
+            rows, _ = self.runs[("precision", trainer, sampler)]
             differences[(trainer, sampler)] = rows[1]["sampler_logp_diff_max"]
         # the same precision: the KV cache and the full forward pass add in another order, nothing more
         self.assertLess(differences[("float64", None)], 1e-12)
@@ -1112,7 +1131,7 @@ class TransformerRuns(unittest.TestCase):
         torch.testing.assert_close(batches[0].sampler_logps, batches[1].sampler_logps, rtol=0, atol=1e-12)
 
     def test_the_same_seed_gives_the_same_run(self):
-        first = online_tokens.train(steps=2, seed=3, **self.small)
+        first = self.runs[("seed 3",)]  # computed in a worker process, the second here
         self.assertEqual(first, online_tokens.train(steps=2, seed=3, **self.small))
 
     def test_the_kl_to_the_reference_is_the_chain_rule_sum_over_the_sampled_prefixes(self):
