@@ -29,7 +29,7 @@ t = float64
 CHAIN_REFERENCE_EXPECTED_RETURN = 0.9995921742541397  # the chain's published run: seed 7, 120 steps, lambda 0.95
 CHAIN_REFERENCE_LEFT_PROBABILITY = 0.9997095339889668
 CHAIN_LEARNING_SEEDS = (0, 7, 19)
-CHAIN_LEARNING_STEPS = 30  # every seed passes 0.97 by step 10; a sign flipped in GAE or the loss never does
+CHAIN_LEARNING_STEPS = 12  # every run passes 0.97 by step 10; with the GAE advantages or the policy loss negated none does
 
 
 def chain_tables(values=(0.0, 0.0, 0.0), logits=None):
@@ -237,7 +237,7 @@ class ChainTraining(unittest.TestCase):
         self.assertEqual(trace["returns"], trace["advantages"])
         self.assertEqual(trace["old_logp"], [-math.log(2.0)] * 8)
 
-    def test_chain_learns_on_seeds_0_7_19_in_30_steps(self):
+    def test_chain_learns_on_seeds_0_7_19_in_12_steps(self):
         runs = learning_runs()
         for seed in CHAIN_LEARNING_SEEDS:
             with self.subTest(seed=seed):
