@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 
 import ppo_chain
-from lab.testing import float64, run_main, shared_calls, single_thread_module
+from lab.testing import float64, run_main, shared_calls, shared_function, single_thread_module
 from rl_lab import DTYPE, SEED_LIMIT
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -330,7 +330,8 @@ class ChainCLI(unittest.TestCase):
     def test_chain_cli_default_run_writes_the_reference(self):
         with tempfile.TemporaryDirectory() as tmp:
             first = os.path.join(tmp, "a")
-            code, stdout, stderr = run_main(ppo_chain.main, ["--output", first])
+            with shared_function("ppo_chain", "train"):  # the default run, trained once for the test files
+                code, stdout, stderr = run_main(ppo_chain.main, ["--output", first])
             self.assertEqual((code, stderr), (0, ""))
             self.assertIn("0.3000 -> 0.9996", stdout)
             with open(os.path.join(first, "ppo-chain.csv"), encoding="utf-8", newline="") as handle:
