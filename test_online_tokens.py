@@ -19,7 +19,7 @@ import library_export
 import online_tokens
 import sft
 from countdown import CountdownTask
-from lab.testing import HERE, float64, parallel_calls, run_main, single_thread_module
+from lab.testing import HERE, float64, parallel_calls, run_main, shared_calls, single_thread_module
 import online_algorithms
 import online_registry
 import rl_lab
@@ -59,14 +59,9 @@ def shuffled(state, seed):
 # ---------------------------------------------------------------------------------------------
 
 
-_ONLINE_CACHE = {}
-
-
 def cached_online(**overrides):
-    key = tuple(sorted(overrides.items()))
-    if key not in _ONLINE_CACHE:
-        _ONLINE_CACHE[key] = online_tokens.train(**overrides)
-    return _ONLINE_CACHE[key]
+    """online_tokens.train(**overrides), computed once per test process (test_results trains the default runs)."""
+    return shared_calls([("online_tokens", "train", (), overrides)])[0]
 
 
 TASK = BinaryTask()
@@ -1180,11 +1175,8 @@ LEARNING_RUNS = [{"algorithm": algorithm, "steps": LEARNING_STEPS} for algorithm
 class Learning(unittest.TestCase):
     @classmethod
     def setUpClass(cls):  # the 48 runs at once, over the machine's cores (each deterministic)
-        jobs = [(options, seed) for options in LEARNING_RUNS for seed in LEARNING_SEEDS]
-        results = parallel_calls([("online_tokens", "train", (), {"seed": seed, **options}) for options, seed in jobs])
-        for (options, seed), result in zip(jobs, results):
-            key = tuple(sorted({"seed": seed, **options}.items()))
-            _ONLINE_CACHE.setdefault(key, result)
+        shared_calls([("online_tokens", "train", (), {"seed": seed, **options})
+                      for options in LEARNING_RUNS for seed in LEARNING_SEEDS])
 
     def assert_learns(self, options, seeds=LEARNING_SEEDS, threshold=LEARNING_THRESHOLD):
         for seed in seeds:
