@@ -1009,7 +1009,8 @@ class TransformerRuns(unittest.TestCase):
         jobs[("pass@k",)] = {"steps": 1, "eval_samples": 4}
         jobs[("seed 3",)] = {"steps": 2, "seed": 3}
         jobs[("seed 4",)] = {"steps": 2, "seed": 4}
-        results = parallel_calls([("online_tokens", "train", (), {**cls.small, **options}) for options in jobs.values()])
+        results = parallel_calls([("online_tokens", "train", (), {**cls.small, **options})
+                                  for options in jobs.values()])
         cls.runs = dict(zip(jobs, results))
 
     @classmethod
