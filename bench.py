@@ -45,6 +45,8 @@ def build_parser():
                         help="what to time: the drivers (whole process, loop, tokens/s), the transformer "
                              "(tiny_lm sampling and scoring, SFT, one RL run), the test suite (python -m "
                              "unittest), or all (default: all)")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="MODULE",
+                        help="with --part suite: time only these test modules (default: the whole suite)")
     parser.add_argument("--output", default=None,
                         help="also write the figures, the printed lines and the machine to this JSON file "
                              "(default: off, print only)")
@@ -290,12 +292,98 @@ def transformer_lines(runs):
     return lines, figures
 
 
-def suite_lines(runs):
-    """(lines, figures) of the test suite: `python -m unittest` in this folder, as .ci/run runs it,
-    in a fresh process; figures {"seconds", "min_seconds"}."""
-    median, least = timed_process(["-m", "unittest", "--quiet"], runs, HERE)
-    return [f"test suite (python -m unittest): {median:.0f} s [{least:.0f}]"], \
-        {"seconds": round(median, 1), "min_seconds": round(least, 1)}
+class ClassClock:
+    """A unittest result that times each test class: wall and CPU seconds (os.times of this process plus
+    its waited-for children) from the end of the previous class's last test to the end of this class's
+    last test, so a class's setUpClass (and its module's setUpModule) is counted with it."""
+
+    def __init__(self):
+        self.seconds = {}  # "module.Class" -> [tests, wall, cpu]
+        self.last = self._now()
+
+    @staticmethod
+    def _now():
+        times = os.times()
+        return time.perf_counter(), times.user + times.system + times.children_user + times.children_system
+
+    def result(self):
+        import unittest
+
+        clock = self
+
+        class Result(unittest.TextTestResult):
+            def stopTest(self, test):
+                super().stopTest(test)
+                clock.stopped(test)
+
+        return Result
+
+    def stopped(self, test):
+        now = self._now()
+        name = f"{type(test).__module__}.{type(test).__name__}"
+        entry = self.seconds.setdefault(name, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += now[0] - self.last[0]
+        entry[2] += now[1] - self.last[1]
+        self.last = now
+
+
+def suite_child(names):
+    """Run the tests `names` (module names; all of discovery when empty) as `python -m unittest` does, from
+    this folder, timing each class; print one JSON line {"seconds", "cpu_seconds", "failures", "classes":
+    {class: [tests, wall, cpu]}} last on stdout. Returns the exit status (1 when a test failed)."""
+    import json
+    import unittest
+
+    os.chdir(HERE)
+    started = ClassClock._now()
+    loader = unittest.TestLoader()
+    suite = loader.loadTestsFromNames(names) if names else loader.discover(HERE)
+    clock = ClassClock()  # the imports of discovery are in the total, not in the first class
+    runner = unittest.TextTestRunner(stream=open(os.devnull, "w"), resultclass=clock.result())
+    outcome = runner.run(suite)
+    ended = ClassClock._now()
+    broken = [str(test) for test, _ in outcome.failures + outcome.errors]
+    print(json.dumps({"seconds": ended[0] - started[0], "cpu_seconds": ended[1] - started[1], "failures": broken,
+                      "classes": clock.seconds}))
+    return 1 if broken else 0
+
+
+def suite_lines(runs, names=(), rows=None):
+    """(lines, figures) of the test suite: `python -m unittest` in this folder (or only the test modules
+    `names`), as .ci/run runs it, in a fresh process, timed per test class (see ClassClock). figures
+    {"seconds", "min_seconds", "cpu_seconds", "classes": {class: {"tests", "seconds", "cpu_seconds"}}}, each
+    figure the median over `runs`; the table lists the `rows` classes of most CPU (all when None)."""
+    import json
+
+    results = []
+    for _ in range(runs):
+        finished = subprocess.run([sys.executable, "-c", "import bench, sys; sys.exit(bench.suite_child(sys.argv[1:]))",
+                                   *names], cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = finished.stdout.strip().splitlines()
+        if not said:
+            raise ChildProcessError(f"the test suite ended with status {finished.returncode} and no timing: "
+                                    + (finished.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1])
+        results.append(json.loads(said[-1]))
+    median = statistics.median
+    classes = {}
+    for name in results[0]["classes"]:
+        entries = [result["classes"].get(name, [0, 0.0, 0.0]) for result in results]
+        classes[name] = {"tests": entries[0][0], "seconds": round(median([e[1] for e in entries]), 2),
+                         "cpu_seconds": round(median([e[2] for e in entries]), 2)}
+    walls = [result["seconds"] for result in results]
+    cpu = median([result["cpu_seconds"] for result in results])
+    tests = sum(entry["tests"] for entry in classes.values())
+    lines = [f"test suite (python -m unittest{' ' + ' '.join(names) if names else ''}): {median(walls):.0f} s "
+             f"[{min(walls):.0f}], {cpu:.1f} CPU s, {tests} tests in {len(classes)} classes"]
+    for result in results:
+        lines += [f"  FAILED: {test}" for test in result["failures"]]
+    ranked = sorted(classes.items(), key=lambda item: -item[1]["cpu_seconds"])
+    lines.append(f"  {'class':58s} {'tests':>5s} {'wall s':>7s} {'CPU s':>7s}")
+    for name, entry in ranked[:rows]:
+        lines.append(f"  {name:58s} {entry['tests']:5d} {entry['seconds']:7.2f} {entry['cpu_seconds']:7.2f}")
+    return lines, {"seconds": round(median(walls), 1), "min_seconds": round(min(walls), 1),
+                   "cpu_seconds": round(cpu, 1), "classes": classes}
 
 
 def drivers_lines(runs):
@@ -332,7 +420,7 @@ def main(argv=None):
         run_lines, report["transformer"] = transformer_lines(args.runs)
         lines += ["", *sampling_lines, "", *run_lines]
     if args.part in ("all", "suite"):
-        suite, report["suite"] = suite_lines(args.runs)
+        suite, report["suite"] = suite_lines(args.runs, args.tests)
         lines += ["", *suite]
     print("\n".join(lines))
     if args.output is not None:

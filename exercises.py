@@ -293,10 +293,22 @@ LIBRARY_NAMESPACES = {"torch": torch, "torch.nn.functional": torch.nn.functional
                       "math": math}
 
 
+_IN_THE_LAB = {}  # absolute module file -> whether it is in this folder: torch alone loads a thousand modules
+
+
+def _in_the_lab(path):
+    inside = _IN_THE_LAB.get(path)
+    if inside is None:
+        inside = os.path.dirname(os.path.abspath(path)) == HERE
+        if os.path.isabs(path):  # a relative one follows the current folder, which may change
+            _IN_THE_LAB[path] = inside
+    return inside
+
+
 def _lab_modules():
     """{name: module} of the lab's modules loaded so far: every module whose file is in this folder."""
     return {name: module for name, module in list(sys.modules.items())
-            if os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or os.sep)) == HERE}
+            if _in_the_lab(getattr(module, "__file__", None) or os.sep)}
 
 
 def _snapshot():

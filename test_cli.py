@@ -201,6 +201,13 @@ def snapshot(path):
     return found
 
 
+# programs whose own tests already compare the bytes of two runs: the rerun below runs them once
+BYTES_CHECKED_ELSEWHERE = {
+    "experiments.py": "test_experiments: test_one_experiment_writes_its_files_and_the_same_bytes_whatever_the_jobs",
+    "plot_results.py": "test_plot_results: test_renders_every_kind_and_the_svg_is_deterministic",
+}
+
+
 class Contract(unittest.TestCase):
     def run_program(self, program, argv):
         return run_main(program.main, argv)
@@ -247,14 +254,24 @@ class Contract(unittest.TestCase):
             if not program.writes:
                 continue
             with self.subTest(program=name), tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:
-                first, second = path_for(program, os.path.join(tmp, "a")), path_for(program, os.path.join(tmp, "b"))
-                for out in (first, second, first):  # two folders, then the first again over itself
-                    code, _, stderr = self.run_program(program, [out if p == "{out}" else p for p in program.argv])
-                    self.assertEqual(code, 0, stderr)
-                written = snapshot(first)
+                out = path_for(program, os.path.join(tmp, "a"))
+                argv = [out if part == "{out}" else part for part in program.argv]
+                code, _, stderr = self.run_program(program, argv)
+                self.assertEqual(code, 0, stderr)
+                written = snapshot(out)
                 self.assertGreater(len(written), 0)
-                self.assertEqual(written, snapshot(second))
-                self.assertEqual([name for name in os.listdir(os.path.dirname(first)) if name.startswith(".")], [])
+                self.assertEqual([entry for entry in os.listdir(os.path.dirname(out)) if entry.startswith(".")], [])
+                if name in BYTES_CHECKED_ELSEWHERE:
+                    continue
+                # the rerun goes over the first run's files, each spoiled first: it must write every one
+                # again, byte for byte (a program that kept an existing file would keep the spoiled bytes)
+                for relative in written:
+                    with open(os.path.join(out, relative) if relative else out, "wb") as handle:
+                        handle.write(b"spoiled\n")
+                code, _, stderr = self.run_program(program, argv)
+                self.assertEqual(code, 0, stderr)
+                self.assertEqual(snapshot(out), written)
+                self.assertEqual([entry for entry in os.listdir(os.path.dirname(out)) if entry.startswith(".")], [])
 
     def test_an_output_flag_pointing_into_the_runs_own_output_is_refused_before_any_work(self):
         with tempfile.TemporaryDirectory(dir=MEMORY_FOLDER) as tmp:

@@ -15,7 +15,7 @@ from unittest import mock
 import torch
 
 import ppo_chain
-from lab.testing import float64, run_main, shared_calls, single_thread_module
+from lab.testing import float64, run_main, shared_calls, shared_function, single_thread_module
 from rl_lab import DTYPE, SEED_LIMIT
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -29,7 +29,8 @@ t = float64
 CHAIN_REFERENCE_EXPECTED_RETURN = 0.9995921742541397  # the chain's published run: seed 7, 120 steps, lambda 0.95
 CHAIN_REFERENCE_LEFT_PROBABILITY = 0.9997095339889668
 CHAIN_LEARNING_SEEDS = (0, 7, 19)
-CHAIN_LEARNING_STEPS = 30  # every seed passes 0.97 by step 10; a sign flipped in GAE or the loss never does
+# every run passes 0.97 by step 10; with the GAE advantages or the policy loss negated none does
+CHAIN_LEARNING_STEPS = 12
 
 
 def chain_tables(values=(0.0, 0.0, 0.0), logits=None):
@@ -237,7 +238,7 @@ class ChainTraining(unittest.TestCase):
         self.assertEqual(trace["returns"], trace["advantages"])
         self.assertEqual(trace["old_logp"], [-math.log(2.0)] * 8)
 
-    def test_chain_learns_on_seeds_0_7_19_in_30_steps(self):
+    def test_chain_learns_on_seeds_0_7_19_in_12_steps(self):
         runs = learning_runs()
         for seed in CHAIN_LEARNING_SEEDS:
             with self.subTest(seed=seed):
@@ -329,7 +330,8 @@ class ChainCLI(unittest.TestCase):
     def test_chain_cli_default_run_writes_the_reference(self):
         with tempfile.TemporaryDirectory() as tmp:
             first = os.path.join(tmp, "a")
-            code, stdout, stderr = run_main(ppo_chain.main, ["--output", first])
+            with shared_function("ppo_chain", "train"):  # the default run, trained once for the test files
+                code, stdout, stderr = run_main(ppo_chain.main, ["--output", first])
             self.assertEqual((code, stderr), (0, ""))
             self.assertIn("0.3000 -> 0.9996", stdout)
             with open(os.path.join(first, "ppo-chain.csv"), encoding="utf-8", newline="") as handle:

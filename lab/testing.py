@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import functools
 import importlib
 import inspect
 import io
@@ -178,6 +179,23 @@ def shared_calls(jobs):
             missing.setdefault(key, job)
     _SHARED.update(zip(missing, parallel_calls(list(missing.values()))))
     return [copy.deepcopy(_SHARED[key]) for key in keys]
+
+
+def shared_function(module, function):
+    """A patch of module.function (mock.patch.object) for a block in which a main() trains: each call is
+    looked up among the shared_calls results by its bound arguments, and computed here when missing. A
+    main that passed other arguments than the run a test expects gets the other run."""
+    target = importlib.import_module(module)
+    original = getattr(target, function)
+
+    @functools.wraps(original)  # inspect.signature, and so _shared_key, see the original's parameters
+    def call(*args, **kwargs):
+        key = _shared_key((module, function, args, kwargs))
+        if key not in _SHARED:
+            _SHARED[key] = original(*args, **kwargs)
+        return copy.deepcopy(_SHARED[key])
+
+    return mock.patch.object(target, function, call)
 
 
 def parallel_calls(jobs):
