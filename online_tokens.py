@@ -49,7 +49,9 @@ from library_export import VERL_DATA, VERL_MODEL, export_trl, export_verl
 from lab.settings import SettingError, add_arguments, given_options, help_text
 from online_registry import ALGORITHMS, FOUR_ALGORITHMS, family_of
 from online_settings import (
-    APPLIES, BY_NAME, LAST_ITERATIONS, SETTINGS, TARGET_SUCCESS, default_output, resolve, settings_block)
+    APPLIES, BY_NAME, LAST_ITERATIONS, SETTINGS, TARGET_SUCCESS, TASK_DEFAULTS, TASK_MIN_NEW_TOKENS, default_output,
+    resolve, settings_block)
+import task_data
 
 MAX_GRAD_NORM = 1.0
 EXPORTS = {"trl": export_trl, "verl": export_verl}  # --export LIBRARY FILE
@@ -89,6 +91,12 @@ def build_parser():
     parser.add_argument("--export-data-dir", default=None, metavar="DIR",
                         help="with --export verl: the folder of --export-data's train.parquet, test.parquet and "
                              f"rl_lab_verifier.py that the launch reads (default: {VERL_DATA})")
+    parser.add_argument("--export-data", metavar="DIR", default=None,
+                        help="instead of training, write the task's prompts into DIR as the libraries read them: "
+                             "train/test.jsonl (TRL, datasets), train/test.parquet (verl's schema) and "
+                             "rl_lab_verifier.py (the text verifier: TRL's reward_func, verl's compute_score); "
+                             "see task_data.py. The parquet files need pyarrow (requirements-bridge.txt): without "
+                             "it the export exits 2 and writes nothing (default: off, train)")
     parser.add_argument("--output", default=None,
                         help="the output folder (default: results-online-<algorithm>-<reduction> for the GRPO "
                              "family, results-online-<algorithm> for ppo and dpo, results-online-all for all, each "
@@ -144,11 +152,35 @@ def launch_of(args):
     return {"model": args.model, "data_dir": args.export_data_dir}
 
 
+def data_settings_or_exit(parser, args):
+    """(task, max_new_tokens) of --export-data, or exit 2 with one line when another setting than the task's
+    is given, pyarrow is missing or the folder cannot be written."""
+    options = given_options(args, SETTINGS)
+    others = [BY_NAME[name].option for name in options if name not in ("task", "max_new_tokens")]
+    others += [flag for flag, value in (("--export", args.export), ("--output", args.output), ("--model", args.model),
+                                        ("--export-data-dir", args.export_data_dir)) if value is not None]
+    if others:
+        parser.error(f"argument --export-data: takes only --task and --max-new-tokens (it writes the task's "
+                     f"prompts), got {' '.join(others)}")
+    task = options.get("task", BY_NAME["task"].default)
+    max_new_tokens = options.get("max_new_tokens", TASK_DEFAULTS[task]["max_new_tokens"])
+    if max_new_tokens < TASK_MIN_NEW_TOKENS[task]:
+        parser.error(f"argument --max-new-tokens: expected at least {TASK_MIN_NEW_TOKENS[task]} for the {task} task "
+                     f"(its longest correct response), got {max_new_tokens}")
+    if task_data.pyarrow_missing():
+        parser.error(f"argument --export-data: {task_data.PYARROW_NEEDED}")
+    output_folder_or_exit(parser, args.export_data, task_data.DATA_FILES, flag="--export-data")
+    return task, max_new_tokens
+
+
 def parse(argv=None):
     """The flags, with every check made before any work: each option against every algorithm it trains with,
     the export, the output folders (a bad one exits 2 with one line naming the flag)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.export_data is not None:  # the data has no policy or algorithm: a run's checks do not apply
+        data_settings_or_exit(parser, args)
+        return args
     algorithm, options = options_from(parser, args)
     if args.export is not None:
         if args.output is not None:  # an export trains nothing, so it would write nothing there
@@ -781,8 +813,19 @@ def export(parser, algorithm, options, library, path, launch):
     return 0
 
 
+def export_data(parser, args):
+    """Write the task's prompts and the text verifier into --export-data's folder (no training); parse has
+    checked the settings."""
+    task, max_new_tokens = data_settings_or_exit(parser, args)
+    write_files(task_data.data_files(TASKS[task](max_new_tokens), args.export_data))
+    print(f"{task} prompts -> {', '.join(os.path.join(args.export_data, name) for name in task_data.DATA_FILES)}")
+    return 0
+
+
 def main(argv=None):
     parser, args = build_parser(), parse(argv)
+    if args.export_data is not None:
+        return export_data(parser, args)
     algorithm, options = options_from(parser, args)
     if args.export is not None:
         return export(parser, algorithm, options, *args.export, launch=launch_of(args))

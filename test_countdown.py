@@ -472,3 +472,114 @@ class Settings(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TextVerifier(unittest.TestCase):
+    """text_verifier (the reward function the exported TRL and verl runs call) agrees with the token
+    verifiers on every prompt, on the text a library decodes: the tokens before the first EOS."""
+
+    RANDOM_PER_PROMPT = 6
+
+    @staticmethod
+    def _text(task, tokens):
+        stop = tokens.index(task.eos_id) if task.eos_id in tokens else len(tokens)
+        return "".join(task.vocab[token] for token in tokens[:stop])
+
+    def _responses(self, task, prompt, generator):
+        """(tokens, truncated) pairs: every correct response, the imperfect kinds, random ones (stopped and
+        truncated, with any token, BOS and ':' included)."""
+        responses = [(list(solution), False) for solution in task.solutions(prompt)]
+        set_index, _, first, end, _ = task._prompts[prompt]
+        for kind in IMPERFECT_KINDS:
+            tokens = list(task._imperfect(kind, set_index, first, end, 0.5, [0.3] * task.max_new_tokens))
+            responses.append((tokens, tokens[-1] != task.eos_id))
+        others = [token for token in range(len(task.vocab)) if token != task.eos_id]
+        for _ in range(self.RANDOM_PER_PROMPT):
+            truncated = bool(torch.rand((), generator=generator) < 0.3)
+            length = task.max_new_tokens if truncated else int(torch.randint(1, task.max_new_tokens + 1, (),
+                                                                            generator=generator))
+            picks = torch.randint(0, len(others), (length,), generator=generator).tolist()
+            tokens = [others[pick] for pick in picks]
+            responses.append((tokens if truncated else tokens[:-1] + [task.eos_id], truncated))
+        return responses
+
+    def _agree(self, task):
+        import task_data
+        import text_verifier
+
+        generator = torch.Generator().manual_seed(0)
+        verdicts = {}
+        for prompt in range(task.prompt_count("train") + task.prompt_count("test")):
+            responses = self._responses(task, prompt, generator)
+            texts = [self._text(task, tokens) for tokens, _ in responses]
+            columns = {name: [value] * len(responses) for name, value in task_data.answer_columns(task, prompt).items()}
+            theirs = text_verifier.reward_func(texts, truncated=[cut for _, cut in responses], **columns)
+            for (tokens, cut), text, score in zip(responses, texts, theirs):
+                mine = task.verify(prompt, tokens, cut)
+                self.assertEqual(score, mine, f"prompt {prompt}: {text!r} truncated={cut}")
+                verdicts[mine] = verdicts.get(mine, 0) + 1
+        return verdicts
+
+    def test_default_countdown_every_prompt_right_wrong_malformed(self):
+        verdicts = self._agree(CountdownTask(CountdownConfig()))
+        self.assertGreater(verdicts[1.0], 3000)  # every solution of 527 prompts
+        self.assertGreater(verdicts[0.0], 3000)  # wrong values, malformed, truncated and random responses
+
+    def test_countdown_with_products_and_partial_credit(self):
+        verdicts = self._agree(CountdownTask(CountdownConfig(numbers_per_prompt=3, largest_number=5,
+                                                             operators="+-*", partial_credit=0.1)))
+        self.assertEqual(set(verdicts), {0.0, 0.1, 1.0})  # legal wrong values earn the partial credit
+
+    def test_binary_every_prompt_with_the_truncated_partial_credit(self):
+        import task_data
+        import text_verifier
+        from tasks import BinaryTask
+
+        task = BinaryTask()
+        checked = 0
+        for prompt in task.numbers:
+            for length in range(0, task.max_new_tokens + 1):
+                for bits in itertools.product((0, 1), repeat=length):
+                    truncated = length == task.max_new_tokens
+                    tokens = list(bits) if truncated else list(bits) + [task.eos_id]
+                    if len(tokens) > task.max_new_tokens:
+                        continue
+                    column = task_data.answer_columns(task, prompt)["number"]
+                    text = "".join(str(bit) for bit in bits)
+                    score = text_verifier.reward_func([text], truncated=[truncated], number=[column])[0]
+                    self.assertEqual(score, task.verify(prompt, tokens, truncated), f"{prompt}: {text} {truncated}")
+                    checked += 1
+        self.assertEqual(checked, 6 * (2 ** 5 + 2 ** 4 + 2 ** 3 + 2 ** 2 + 2 + 1))
+
+    def test_chat_completions_whitespace_and_compute_score(self):
+        import text_verifier
+
+        chat = [[{"role": "assistant", "content": " 2 + 3 - 4 "}], [{"role": "assistant", "content": "2+3+4"}]]
+        self.assertEqual(text_verifier.reward_func(chat, numbers=[[1, 2, 3, 4]] * 2, target=[1, 1]), [1.0, 0.0])
+        truth = json.dumps({"numbers": [1, 2, 3, 4], "target": 6, "operators": "+-*"})
+        self.assertEqual(text_verifier.compute_score("rl_lab/countdown", "2*3", truth), 1.0)
+        self.assertEqual(text_verifier.compute_score("rl_lab/countdown", "1+2*3", truth), 0.0)  # 7: '*' binds first
+        self.assertEqual(text_verifier.compute_score("rl_lab/countdown", "2*3", truth, {"truncated": True}), 0.0)
+        self.assertEqual(text_verifier.compute_score("rl_lab/binary", "101", {"number": 5}), 1.0)
+        self.assertEqual(text_verifier.compute_score("rl_lab/binary", "10110", '{"number": 5}', {"truncated": True}),
+                         0.25)
+        with self.assertRaisesRegex(ValueError, "data_source"):
+            text_verifier.compute_score("openai/gsm8k", "1", "{}")
+
+    def test_data_export_without_pyarrow_exits_2_and_writes_nothing(self):
+        import importlib.util
+        import os
+        import tempfile
+        from unittest import mock
+
+        import online_tokens
+        from lab.testing import run_main
+
+        real = importlib.util.find_spec
+        with tempfile.TemporaryDirectory() as scratch, mock.patch.object(
+                importlib.util, "find_spec", lambda name, *rest: None if name == "pyarrow" else real(name, *rest)):
+            folder = os.path.join(scratch, "data")
+            code, out, err = run_main(online_tokens.main, ["--task", "countdown", "--export-data", folder])
+            self.assertEqual((code, out), (2, ""))
+            self.assertIn("--export-data: pyarrow is needed for the parquet files", err)
+            self.assertFalse(os.path.exists(folder))
