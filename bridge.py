@@ -81,6 +81,7 @@ from rl_lab import (
     gae,
     group_relative_advantages,
     kl_k3,
+    masked,
     rloo_advantages,
     simpo_loss,
 )
@@ -1220,9 +1221,22 @@ def run_conformance():
 # e2e: an exported TRL script trains on a CPU; the lab's atoms recompute one step of it
 # ---------------------------------------------------------------------------------------------
 
-E2E_STEPS = 3
+E2E_STEPS = 2  # lab iterations: with num_iterations 2, 4 optimizer steps of the GRPO family
 E2E_TOLERANCE = 1e-6  # float32: TRL's forward pass and the lab's recompute of it, same model and inputs
-CAPTURED_CALL = 1  # the second loss of the run: num_iterations 2 reuses the batch after one step, ratios != 1
+CAPTURED_CALL = 1  # the second loss of the run: after one optimizer step, so ratios and margins leave 1 and 0
+# the exports `test_bridge` trains (each on both tasks): name -> online_tokens options
+E2E_EXPORTS = {
+    "grpo": {},
+    "rloo": {"advantage": "rloo"},
+    "dr-grpo": {"reduction": "constant", "scale_rewards": "none"},
+    "dapo": {"epsilon_high": 0.28, "reduction": "token", "overlong_penalty": 2},
+    "cispo": {"algorithm": "cispo", "reduction": "token"},
+    "gspo": {"algorithm": "gspo"},
+    "sapo": {"algorithm": "sapo"},
+    "dpo-offline": {"algorithm": "dpo", "offline": True},
+    "dpo-online": {"algorithm": "dpo"},
+}
+E2E_TASKS = {"binary": {}, "countdown": {"task": "countdown", "policy": "transformer"}}
 
 
 def load_script(path):
@@ -1233,19 +1247,23 @@ def load_script(path):
     return module
 
 
+def _parameters(model):
+    return [param for param in model.parameters() if param.requires_grad]
+
+
 def capturing(trainer_class):
-    """A subclass of TRL's trainer that keeps one call of its own _compute_loss: the inputs TRL fed it,
-    the model's parameters, the loss and its gradient with respect to them."""
+    """A subclass of TRL's trainer that keeps one call of its own _compute_loss (the GRPO family's and
+    DPOTrainer's): the inputs TRL fed it, the model's parameters, the loss and its gradient."""
 
     class Capturing(trainer_class):
         captured = None
         calls = 0
 
-        def _compute_loss(self, model, inputs):
-            loss = super()._compute_loss(model, inputs)
+        def _compute_loss(self, model, inputs, *rest):
+            result = super()._compute_loss(model, inputs, *rest)
+            loss = result[0] if isinstance(result, tuple) else result
             if type(self).calls == CAPTURED_CALL:
-                params = [param for param in model.parameters() if param.requires_grad]
-                grads = torch.autograd.grad(loss, params, retain_graph=True)
+                grads = torch.autograd.grad(loss, _parameters(model), retain_graph=True)
                 type(self).captured = {
                     "inputs": {key: value.detach().clone() for key, value in inputs.items()
                                if isinstance(value, torch.Tensor)},
@@ -1253,70 +1271,182 @@ def capturing(trainer_class):
                     "loss": loss.detach().clone(), "grads": [grad.clone() for grad in grads],
                 }
             type(self).calls += 1
+            return result
+
+    return Capturing
+
+
+def capturing_online_dpo(trainer_class):
+    """A subclass of OnlineDPOTrainer that keeps one training step: its loss is computed inside
+    training_step (generation, rewards, loss, backward), so the step's policy forward inputs, rewards,
+    parameters (before the step) and gradients (after its backward, before the optimizer) are kept."""
+
+    class Capturing(trainer_class):
+        captured = None
+        calls = 0
+        recording = None
+
+        def _forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, *rest):
+            if type(self).recording is not None and model is not self.ref_model:
+                type(self).recording["inputs"] = {"prompt_ids": prompt_ids.clone(), "prompt_mask": prompt_mask.clone(),
+                                                  "completion_ids": completion_ids.clone(),
+                                                  "completion_mask": completion_mask.clone()}
+            return super()._forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask, *rest)
+
+        def _calculate_rewards_from_functions(self, *args, **kwargs):
+            rewards = super()._calculate_rewards_from_functions(*args, **kwargs)
+            if type(self).recording is not None:
+                type(self).recording["rewards"] = rewards.detach().clone()
+            return rewards
+
+        def training_step(self, model, inputs, *rest):
+            if type(self).calls == CAPTURED_CALL:
+                type(self).recording = {"state": {name: value.detach().clone()
+                                                  for name, value in model.state_dict().items()}}
+            loss = super().training_step(model, inputs, *rest)
+            if type(self).recording is not None:
+                grads = [param.grad.detach().clone() for param in _parameters(model)]
+                type(self).captured = {**type(self).recording, "loss": loss.detach().clone(), "grads": grads}
+                type(self).recording = None
+            type(self).calls += 1
             return loss
 
     return Capturing
 
 
-def lab_recompute(model, captured, s, block):
-    """(loss, gradients) of the captured step recomputed by the lab: a plain forward pass of the same
-    parameters, the lab's response_token_logps at TRL's temperature, and its GRPO-family atom."""
+def _completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0):
+    """(N, R) the lab's response_token_logps of the completions after their prompts (left-padded prompts,
+    right-padded completions), at `temperature`."""
     from rl_lab import response_token_logps
 
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (N, P) + (N, R) -> (N, T)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits / temperature
+    completion = torch.zeros_like(input_ids, dtype=torch.bool)
+    completion[:, prompt_ids.shape[1]:] = completion_mask.bool()
+    token_logps, _ = response_token_logps(logits, input_ids, completion)
+    return token_logps[:, -completion_ids.shape[1]:]  # (N, T-1) -> (N, R): the completion's positions
+
+
+def lab_recompute(model, captured, s, block):
+    """(loss, gradients, largest |log-ratio|) of the captured GRPO-family step recomputed by the lab: a
+    plain forward pass of the same parameters, the lab's response_token_logps at TRL's temperature, and its
+    GRPO-family atom."""
     inputs = captured["inputs"]
     model.load_state_dict(captured["state"])
-    prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P) + (B, R) -> (B, T)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits / block["options"]["temperature"]
-    completion = torch.zeros_like(input_ids, dtype=torch.bool)
-    completion[:, prompt_ids.shape[1]:] = inputs["completion_mask"].bool()
-    token_logps, _ = response_token_logps(logits, input_ids, completion)
-    length = completion_ids.shape[1]
-    logps = token_logps[:, -length:]  # (B, T-1) -> (B, R): the completion's positions
+    logps = _completion_logps(model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
+                              inputs["completion_mask"], block["options"]["temperature"])
+    if block["config"] == "RLOOConfig":  # RLOOTrainer's one loss (the map flags it): PPO-clip of exp(summed log-ratios)
+        sequence = masked(logps, inputs["completion_mask"]).sum(dim=1)  # (N, R) -> (N,)
+        old = inputs.get("old_logps", sequence.detach())
+        epsilon = block["options"].get("epsilon", 0.2)
+        per_sequence = clipped_policy_loss(sequence, old, inputs["advantages"], epsilon,
+                                           block["options"].get("epsilon_high", epsilon))
+        return per_sequence.mean(), torch.autograd.grad(per_sequence.mean(), _parameters(model)), \
+            (sequence.detach() - old).abs().max().item()
     old_logps = inputs.get("old_per_token_logps", logps.detach())
     ref_logps = inputs.get("ref_per_token_logps", torch.zeros_like(logps))
     loss = lab_group_loss(s, logps, {"old_logps": old_logps, "ref_logps": ref_logps}, inputs["advantages"],
                           inputs["completion_mask"], None)
-    params = [param for param in model.parameters() if param.requires_grad]
-    kept = inputs["completion_mask"].bool()
-    log_ratio = (logps.detach() - old_logps)[kept].abs().max().item()
-    return loss, torch.autograd.grad(loss, params), log_ratio
+    log_ratio = (logps.detach() - old_logps)[inputs["completion_mask"].bool()].abs().max().item()
+    return loss, torch.autograd.grad(loss, _parameters(model)), log_ratio
 
 
-def run_e2e(options=None, folder=None):
-    """Export the TRL script of `options` (default: the lab's default GRPO run), train E2E_STEPS steps of
-    it on a CPU, and recompute the captured step with the lab's atoms: {"loss_trl", "loss_lab",
-    "loss_difference", "grad_difference", "seconds"}."""
+def lab_preference_loss(s, logps, ref_logps, mask, chosen, rejected):
+    """The online loop's DPO-family loss (its registered atom with the run's settings) on these pairs."""
+    from online_algorithms import PairCredit
+
+    loop = online_tokens.Batch(None, None, None, None, None, None)
+    loop.mask, loop.ref_logps = mask, ref_logps
+    loss, _, _ = PreferenceFamily(lab_config(s)).loss(logps, loop, PairCredit(chosen, rejected, 0, mask), True)
+    return loss
+
+
+def lab_recompute_dpo(model, reference, captured, s):
+    """(loss, gradients, largest |margin|) of DPOTrainer's captured step: its batch is [chosen; rejected]
+    rows of prompt + response, completion_mask marking the response (EOS included)."""
+    from rl_lab import response_token_logps
+
+    inputs = captured["inputs"]
+    model.load_state_dict(captured["state"])
+    ids, attention, response = inputs["input_ids"], inputs["attention_mask"], inputs["completion_mask"].bool()
+    logps, mask = response_token_logps(model(input_ids=ids, attention_mask=attention).logits, ids, response)
+    with torch.no_grad():
+        ref_logps, _ = response_token_logps(reference(input_ids=ids, attention_mask=attention).logits, ids, response)
+    pairs = ids.shape[0] // 2
+    chosen, rejected = torch.arange(pairs), torch.arange(pairs, 2 * pairs)
+    loss = lab_preference_loss(s, logps, ref_logps, mask.long(), chosen, rejected)
+    margin = ((logps - ref_logps).sum(dim=1)[chosen] - (logps - ref_logps).sum(dim=1)[rejected]).abs().max().item()
+    return loss, torch.autograd.grad(loss, _parameters(model)), margin
+
+
+def lab_recompute_online_dpo(model, reference, captured, s):
+    """(loss, gradients, largest |margin|) of OnlineDPOTrainer's captured step: two completions per prompt
+    (the first B rows, then the second B), the higher reward chosen (TRL's rule: the first on a tie)."""
+    inputs = captured["inputs"]
+    model.load_state_dict(captured["state"])
+    logps = _completion_logps(model, **inputs)  # TRL's online DPO scores at temperature 1
+    with torch.no_grad():
+        ref_logps = _completion_logps(reference, **inputs)
+    rewards = captured["rewards"]
+    prompts = rewards.shape[0] // 2
+    first = rewards[:prompts] >= rewards[prompts:]
+    rows = torch.arange(prompts)
+    chosen, rejected = torch.where(first, rows, rows + prompts), torch.where(first, rows + prompts, rows)
+    mask = inputs["completion_mask"].long()
+    loss = lab_preference_loss(s, logps, ref_logps, mask, chosen, rejected)
+    sums = ((logps - ref_logps) * mask).sum(dim=1)
+    return loss, torch.autograd.grad(loss, _parameters(model)), (sums[chosen] - sums[rejected]).abs().max().item()
+
+
+def run_e2e(options=None, folder=None, steps=E2E_STEPS):
+    """Export the task's data and the TRL script of `options` (default: the lab's default GRPO run), train
+    `steps` lab iterations of it on a CPU, and recompute the captured step with the lab's atoms:
+    {"loss_trl", "loss_lab", "loss_difference", "grad_difference", "seconds", "max_log_ratio" (the GRPO
+    family) or "max_margin" (DPO), "nonzero_advantages" or "pairs", "responses"}."""
     import time
 
-    from library_export import export_trl
+    import task_data
+    from lab.io import write_files
+    from library_export import TRL_TRAINERS, export_trl
+    from tasks import TASKS
 
     libraries()
     s = run_settings(options or {})
     block = library_blocks(s)["trl"]
+    _, trainer_name, body = TRL_TRAINERS[block["config"]]
     with tempfile.TemporaryDirectory() as scratch:
         folder = folder or scratch
-        path = os.path.join(folder, "trl_run.py")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(export_trl(s))
+        data, path = os.path.join(folder, "data"), os.path.join(folder, "run_trl.py")
+        write_files({**task_data.data_files(TASKS[s["task"]](s["max_new_tokens"]), data), path: export_trl(s)})
         started = time.perf_counter()
         with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # TRL's progress bars
             script = load_script(path)
-            trainer_class = capturing(getattr(script, block["config"].replace("Config", "Trainer")))
-            trainer = script.make_trainer(os.path.join(folder, "run"), E2E_STEPS, trainer_class)
+            trainer_class = (capturing_online_dpo if body == "online_dpo" else capturing)(getattr(script, trainer_name))
+            output = os.path.join(folder, "run")
+            trainer = script.make_trainer(output, steps, trainer_class, data=data)
             trainer.train()
-        seconds = time.perf_counter() - started
-        captured = trainer_class.captured
-        if captured is None:
-            raise RuntimeError(f"the run made fewer than {CAPTURED_CALL + 1} loss calls")
-        loss, grads, log_ratio = lab_recompute(trainer.model, captured, s, block)
+            seconds = time.perf_counter() - started
+            captured = trainer_class.captured
+            if captured is None:
+                raise RuntimeError(f"the run made fewer than {CAPTURED_CALL + 1} loss calls")
+            result = {"seconds": seconds, "loss_trl": captured["loss"].item()}
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            if body == "group":
+                loss, grads, log_ratio = lab_recompute(model, captured, s, block)
+                advantages = captured["inputs"]["advantages"]
+                result.update(max_log_ratio=log_ratio, nonzero_advantages=int((advantages != 0).sum()),
+                              responses=advantages.numel())
+            else:
+                reference = type(model).from_pretrained(os.path.join(output, "model"))
+                recompute = lab_recompute_online_dpo if body == "online_dpo" else lab_recompute_dpo
+                loss, grads, margin = recompute(model, reference, captured, s)
+                rows = captured["inputs"]["input_ids" if body == "offline_dpo" else "completion_ids"].shape[0]
+                result.update(max_margin=margin, pairs=rows // 2, responses=rows)
     grad_difference = max((mine - theirs).abs().max().item() for mine, theirs in zip(grads, captured["grads"]))
-    return {"loss_trl": captured["loss"].item(), "loss_lab": loss.item(),
-            "loss_difference": abs(loss.item() - captured["loss"].item()), "grad_difference": grad_difference,
-            "seconds": seconds, "max_log_ratio": log_ratio,
-            "nonzero_advantages": int((captured["inputs"]["advantages"] != 0).sum()),
-            "responses": captured["inputs"]["advantages"].numel()}
+    result["grad_max"] = max(grad.abs().max().item() for grad in captured["grads"])  # a zero gradient checks nothing
+    return {**result, "loss_lab": loss.item(), "loss_difference": abs(loss.item() - result["loss_trl"]),
+            "grad_difference": grad_difference}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,16 +1,18 @@
 """A lab run's settings as a TRL script or a verl launch command: the way out of the lab, written from
 library_map's blocks. Neither TRL nor verl is imported: the online driver can offer it without the extra.
 
-    export_trl(settings)                          -> the text of a runnable TRL 1.16 script (the GRPO family)
+    export_trl(settings)                             -> the text of a runnable TRL 1.16 script: the GRPO family
+                                                        (GRPOTrainer, RLOOTrainer), offline DPO (DPOTrainer) and
+                                                        online DPO (OnlineDPOTrainer)
     export_verl(settings, model=None, data_dir=None) -> a shell script: verl 0.9.1's main_ppo and its overrides
 
 `settings` is the dict the online driver passes to library_map.library_blocks (its resolved settings
-plus max_grad_norm). The TRL script trains a tiny causal LM built from a config, with a character
-tokenizer built locally (nothing is downloaded), on the lab's task (the prompt n, the answer n in
-binary then EOS) with the lab's verifier as its reward function; a comment says what to change to
-scale up. A run on another task (--task countdown) is refused by the TRL export: its script would hold
-the wrong dataset and verifier. `python bridge.py e2e` runs such a script and recomputes TRL's loss with
-the lab's atoms.
+plus max_grad_norm). The TRL script reads the task's prompts and its text verifier from the folder that
+`online_tokens.py --task T --export-data DIR` writes (task_data.py), on either task. By default it trains a
+tiny causal LM built from a config with the lab's own vocabulary as a character tokenizer (nothing is
+downloaded, a few steps run on a CPU); `--model NAME_OR_PATH` takes a pretrained model instead, with the
+learning rate, batch layout, lengths and precision of one. Its header names every setting TRL cannot
+carry. `python bridge.py e2e` runs such a script and recomputes TRL's loss with the lab's atoms.
 
 The verl command trains a pretrained model (--model; default VERL_MODEL) on one node, on the parquet
 files and the text verifier that `online_tokens.py --export-data DIR` writes (--export-data-dir). It
@@ -30,35 +32,45 @@ import textwrap
 
 from library_map import library_blocks
 
-# A CPU run of TRL: its defaults are bf16, gradient checkpointing and a learning rate of 1e-6, set for
-# pretrained models on GPUs; left so, its log-probs differ from a float32 recompute by about 1e-2.
-TRL_CPU = {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False, "report_to": "none"}
 # The lab's learning rate moves a table of logits; a freshly built transformer needs a smaller one.
 TINY_MODEL_LEARNING_RATE = 3e-3
+TRL_TRAINERS = {  # the map's config name -> (the import line, the trainer class, the script's body)
+    "GRPOConfig": ("from trl import GRPOConfig, GRPOTrainer", "GRPOTrainer", "group"),
+    "RLOOConfig": ("from trl import RLOOConfig, RLOOTrainer", "RLOOTrainer", "group"),
+    "DPOConfig": ("from trl import DPOConfig, DPOTrainer", "DPOTrainer", "offline_dpo"),
+    "OnlineDPOConfig (trl.experimental.online_dpo)": (
+        "from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer", "OnlineDPOTrainer", "online_dpo"),
+}
+# the options the script sets itself (scaled with the model), not from the map's block
+SCRIPT_OPTIONS = ("learning_rate", "max_completion_length", "max_new_tokens")
+# the characters of each task's prompts and responses (BOS and EOS are the tokenizer's own tokens)
+TASK_CHARACTERS = {"binary": "0123456789", "countdown": "0123456789+-*:="}
 
 
 def _flags(settings):
     """The online_tokens.py options of these settings that differ from the algorithm's defaults, as flags."""
     from online_settings import APPLIES, BY_NAME, resolve  # only the declarations; nothing is trained
 
-    resolved = dataclasses.asdict(resolve({"algorithm": settings["algorithm"]}))
+    resolved = dataclasses.asdict(resolve({"algorithm": settings["algorithm"], "task": settings["task"],
+                                           "policy": settings.get("policy", "table")}))
     words = [f"--algorithm {settings['algorithm']}"]
     for key, item in BY_NAME.items():
         if key == "algorithm" or settings["algorithm"] not in APPLIES[key]:
             continue
-        if key in settings and settings[key] != resolved.get(key):
+        if key in settings and settings[key] != resolved.get(key) or key in ("task", "policy") and \
+                settings.get(key) != BY_NAME[key].default:
             value = settings[key]
             words.append(item.option if isinstance(value, bool) else f"{item.option} {value}")
     return " ".join(words)
 
 
-def _comment_lines(block):
+def _comment_lines(block, prefix="#   "):
     lines = []
     for key, reason in block.get("unmatched", {}).items():
-        lines.append(f"#   unmatched {key}: {reason}")
+        lines.append(f"{prefix}unmatched {key}: {reason}")
     for text in block.get("differences", []):
-        lines.append(f"#   differs: {text}")
-    return lines or ["#   (nothing: every setting of this run has its option there)"]
+        lines.append(f"{prefix}differs: {text}")
+    return lines or [f"{prefix}(nothing: every setting of this run has its option there)"]
 
 
 REQUIRED = ("algorithm", "task", "prompts", "group_size", "max_new_tokens", "steps", "seed")
@@ -74,157 +86,382 @@ def _check_settings(settings):
         raise ValueError(f"settings: expected the online driver's resolved settings; missing {', '.join(missing)}")
 
 
+def _python(value):
+    """A JSON-able value as Python source."""
+    return json.dumps(value, indent=4).replace("true", "True").replace("false", "False").replace("null", "None")
+
+
+def _wrap(line, width=112):
+    """A header line as lines of at most `width` characters; a bullet's continuation indented under it."""
+    if len(line) <= width:
+        return [line]
+    indent = "    " if line.startswith("  - ") else ""
+    return textwrap.wrap(line, width=width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def _not_carried(settings, block, body):
+    """The settings of the lab's run that the TRL script cannot carry, each with its reason."""
+    lines = [
+        "the lab's evaluation: it scores the table policy exactly on every prompt after each update (the "
+        "transformer on fixed draws of prompts); TRL logs the sampled batch's reward (reward, "
+        "rewards/<function>/mean): evaluate on data/test.jsonl yourself",
+        "the policy: the lab's (a logit table or tiny_lm.py's transformer) is no Hugging Face model; the tiny "
+        "Llama here has the lab's vocabulary and a short SFT warm start on the train solutions",
+        "the prompt draws: the lab draws B prompts with replacement each iteration; TRL shuffles the dataset "
+        "and goes through it without replacement",
+    ]
+    if settings["tis_cap"] is not None or settings.get("rollout_correction") is not None:
+        lines.append("TIS / rollout correction: TRL corrects only vLLM's sampler against the trainer, with "
+                     "use_vllm=True; a CPU has no vLLM, so this script runs without the correction unless it is "
+                     "given --vllm (a GPU with vLLM installed)")
+    if body == "online_dpo" and settings["updates_per_batch"] > 1:
+        lines.append(f"--updates-per-batch {settings['updates_per_batch']}: OnlineDPOTrainer takes one optimizer "
+                     "step per sampled batch")
+    if body == "online_dpo" and settings["temperature"] != 1.0:
+        lines.append("--temperature: OnlineDPOTrainer samples at its temperature but scores at 1")
+    if body == "offline_dpo":
+        lines.append("the rejected response's end: DPOTrainer appends EOS to every response, so a rejected "
+                     "response that the lab counts as truncated (no EOS) is trained with one")
+        lines.append("the batch: the lab's iteration holds one pair per prompt whose rewards vary (fewer than B "
+                     f"when some tie); here every optimizer step holds B = {settings['prompts']} pairs")
+    return lines
+
+
 def export_trl(settings):
-    """The text of a runnable TRL script for these settings; raises ValueError where TRL has no trainer
-    for the algorithm (PPO: none in TRL 1.16), the export does not cover it (DPO) or the task is not the
-    binary one (the script holds that task's dataset and verifier), and for settings that are not a
-    resolved settings dict."""
+    """The text of a runnable TRL script for these settings (either task); raises ValueError where TRL has
+    no trainer for the algorithm (PPO: none in TRL 1.16), the export does not cover its config (SimPO's
+    CPOConfig) or a setting cannot be carried faithfully, and for settings that are not a resolved dict."""
     _check_settings(settings)
-    if settings["task"] != "binary":
-        raise ValueError(f"task: the TRL script holds the binary task's dataset and verifier; --task "
-                         f"{settings['task']} is not exported (export a --task binary run, then replace them)")
     block = library_blocks(settings)["trl"]
     if block["options"] is None:
         raise ValueError(f"algorithm: {block['reason']}")
-    if block["config"] not in ("GRPOConfig", "RLOOConfig"):
-        raise ValueError(f"algorithm: the export covers the GRPO family (GRPOConfig, RLOOConfig); "
-                         f"{settings['algorithm']} maps to {block['config']}")
-    trainer = block["config"].replace("Config", "Trainer")
-    options = json.dumps(block["options"], indent=4, sort_keys=False).replace("true", "True").replace(
-        "false", "False").replace("null", "None")
-    batch = settings["prompts"] * settings["group_size"]
-    return TRL_SCRIPT.format(
-        flags=_flags(settings), comments="\n".join(_comment_lines(block)), config=block["config"],
-        trainer=trainer, options=options, cpu=json.dumps(TRL_CPU).replace("true", "True").replace("false", "False"),
-        learning_rate=TINY_MODEL_LEARNING_RATE, batch=batch, max_new_tokens=settings["max_new_tokens"],
-        steps=settings["steps"], seed=settings["seed"], beta=block["options"].get("beta", 0.0),
-    )
+    if block["config"] not in TRL_TRAINERS:
+        raise ValueError(f"algorithm: the export covers {', '.join(TRL_TRAINERS)}; {settings['algorithm']} "
+                         f"with these settings maps to {block['config']}")
+    import_line, trainer, body = TRL_TRAINERS[block["config"]]
+    config = block["config"].split()[0]
+    options = {key: value for key, value in block["options"].items() if key not in SCRIPT_OPTIONS}
+    options.pop("use_vllm", None)  # the script's --vllm: a CPU has no vLLM
+    vllm = {key: options.pop(key) for key in list(options) if key.startswith("vllm_")}
+    unmatched = dict(block["unmatched"])
+    carried = []
+    overlong = settings.get("overlong_penalty")
+    if overlong is not None and body == "group":
+        unmatched.pop("overlong_penalty", None)
+        carried.append(f"--overlong-penalty {overlong}: trl.rewards.get_soft_overlong_punishment"
+                       f"({settings['max_new_tokens']}, {overlong}) in reward_funcs, added to the verifier's reward")
+    updates = settings["updates_per_batch"]
+    steps_line = {
+        "group": (f"the lab's --steps {settings['steps']} iterations (each samples B x G = {settings['prompts']} x "
+                  f"{settings['group_size']} responses, then takes --updates-per-batch {updates} Adam steps on them) "
+                  f"are TRL's max_steps = steps x {updates} optimizer steps (num_iterations={updates}), one "
+                  f"generation of B x G completions per {updates} of them."),
+        "offline_dpo": (f"the lab's --steps {settings['steps']} iterations each sample B x G = {settings['prompts']} x "
+                        f"{settings['group_size']} responses from the frozen initial policy and pair the best with "
+                        f"the worst of each group: make_pairs() samples the same from the initial model, and "
+                        f"DPOTrainer goes over the pairs num_train_epochs = {updates} times (--updates-per-batch)."),
+        "online_dpo": (f"the lab's --steps {settings['steps']} iterations are TRL's max_steps, one optimizer step "
+                       f"per sampled batch of B = {settings['prompts']} prompts x 2 completions."),
+    }[body]
+    header = [
+        f'"""TRL 1.16 run of the lab\'s `python online_tokens.py {_flags(settings)}`.',
+        "",
+        f"    python online_tokens.py --task {settings['task']} --export-data data   # the prompts and the verifier",
+        "    python this_file.py --data data --steps 2 --output run                # a tiny model: a CPU, no download",
+        "    python this_file.py --data data --model NAME_OR_PATH --output run     # your model, on a GPU",
+        "",
+        f"{trainer} on data/train.jsonl, rewarded by data/rl_lab_verifier.py (the lab's verifier on decoded",
+        "text). The default model is a tiny Llama built here from a config, with the lab's vocabulary as a",
+        "character tokenizer; --model takes a pretrained causal LM and its tokenizer instead (Hugging Face",
+        "name or folder), prompts it with the task in words (the `instruction` column, chat format) and",
+        "scales the learning rate, batch layout, lengths and precision (see scaled()).",
+        "",
+        "Run length: " + steps_line,
+        f"Seed {settings['seed']}; the learning rate is constant as the lab's (lr_scheduler_type=\"constant\"; TRL's",
+        "default decays it linearly) and weight decay is 0 (TRL's AdamW with weight_decay=0 is the lab's Adam).",
+        "",
+        f"What the lab's settings become in TRL ({config}), and what TRL cannot do of them:",
+        *_comment_lines({"unmatched": unmatched, "differences": block["differences"]}, prefix="  - "),
+        *(["Carried by a reward function:", *[f"  - {line}" for line in carried]] if carried else []),
+        "Not carried to TRL:",
+        *[f"  - {line}" for line in _not_carried(settings, block, body)],
+        '"""',
+    ]
+    header = [wrapped for line in header for wrapped in _wrap(line)]
+    constants = {
+        "TASK": settings["task"], "CHARACTERS": TASK_CHARACTERS[settings["task"]],
+        "ITERATIONS": settings["steps"], "UPDATES_PER_BATCH": updates, "SEED": settings["seed"],
+        "PROMPTS": settings["prompts"], "GROUP_SIZE": settings["group_size"],
+        "MAX_NEW_TOKENS": settings["max_new_tokens"], "TEMPERATURE": settings["temperature"],
+        "OVERLONG_CACHE": overlong if body == "group" else None,
+    }
+    lines = [f"{name} = {value!r}" for name, value in constants.items()]
+    text = (TRL_COMMON.replace("@IMPORT@", import_line)
+            .replace("@BODY_IMPORTS@", BODY_IMPORTS[body] + ("from trl.rewards import get_soft_overlong_punishment\n"
+                                                            if constants["OVERLONG_CACHE"] is not None else ""))
+            .replace("@CONSTANTS@", "\n".join(lines)).replace("@OPTIONS@", _python(options))
+            .replace("@VLLM@", _python(vllm)).replace("@TINY_LR@", repr(TINY_MODEL_LEARNING_RATE)))
+    body_text = TRL_BODIES[body].replace("@CONFIG@", config).replace("@TRAINER@", trainer)
+    return "\n".join(header) + "\n" + text + body_text + TRL_MAIN
 
 
-TRL_SCRIPT = '''"""TRL 1.16 run of the lab's `python online_tokens.py {flags}`.
-
-The lab's task (the prompt is a number n in 0..5; the answer is n in binary, then EOS) with the lab's
-verifier as the reward function, on a tiny causal LM built from a config and a character tokenizer
-built here: nothing is downloaded, and a few steps run on a CPU in well under a minute.
-
-    python this_file.py --steps 3 --output run-folder
-
-What the lab's settings become in TRL ({config}), and what TRL cannot do of them:
-{comments}
-
-To scale up: load a pretrained model and its tokenizer (AutoModelForCausalLM / AutoTokenizer
-.from_pretrained) instead of build_model() and build_tokenizer(), drop warm_start(), write the prompts
-as your task's text, set bf16=True and the learning rate of your model (TRL's default is 1e-6),
-use_vllm=True for generation on GPUs, and raise max_completion_length.
-"""
-
+TRL_COMMON = '''
 import argparse
+import importlib.util
 import os
 
 import torch
-from datasets import Dataset
+from datasets import concatenate_datasets, load_dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from trl import {config}, {trainer}
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+@IMPORT@
+@BODY_IMPORTS@
+# the lab's run
+@CONSTANTS@
+# the options library_map gives for the lab's settings (the learning rate and lengths are set in scaled())
+OPTIONS = @OPTIONS@
+# TRL's correction of vLLM's sampler against the trainer: it exists only with vLLM (--vllm, a GPU)
+VLLM = @VLLM@
+WARM_START_STEPS = 50  # Adam steps of the tiny model's SFT: a random model scores 0, so every advantage would be 0
 
-# the options library_map gives for the lab's settings
-OPTIONS = {options}
-# a CPU run: TRL's defaults (bf16, gradient checkpointing) are for GPUs
-CPU = {cpu}
-# the lab's learning rate moves a table of logits; this freshly built transformer needs a smaller one
-LEARNING_RATE = {learning_rate}
-BATCH = {batch}  # prompts x group_size completions per optimizer step, as the lab's B*G
-MAX_NEW_TOKENS = {max_new_tokens}
-STEPS = {steps}
-SEED = {seed}
-NUMBERS = tuple(range(6))
-ANSWERS = {{str(n): format(n, "b") for n in NUMBERS}}
-REWARD_CORRECT, REWARD_PARTIAL = 1.0, 0.25
-VOCABULARY = ["<pad>", "<bos>", "<eos>"] + [str(digit) for digit in range(10)]
+
+def scaled(model_name):
+    """The settings that depend on the model: the tiny one built here, or a pretrained one (--model)."""
+    if model_name is None:
+        return {
+            # the lab's learning rate moves a table of logits; this freshly built transformer needs a smaller one
+            "learning_rate": @TINY_LR@,
+            # one micro-batch holds the lab's whole batch (B x G completions, or B pairs)
+            "per_device_train_batch_size": PROMPTS * GROUP_SIZE,
+            "gradient_accumulation_steps": 1,
+            # the lab's cap: the character tokenizer writes one lab token per token
+            "max_completion_length": MAX_NEW_TOKENS,
+            # a CPU run in float32: TRL's defaults (bf16, activation checkpointing) are for GPUs, and bf16
+            # log-probs differ from a float32 recompute by about 1e-2
+            "use_cpu": True, "bf16": False, "activation_checkpointing": False,
+        }
+    return {
+        # TRL's default for pretrained models: the lab's rates (0.2, 3e-3) would wreck one in a few steps
+        "learning_rate": 1e-6,
+        # one group per micro-batch fits a GPU's memory; B micro-batches accumulate to the lab's B x G per step
+        "per_device_train_batch_size": GROUP_SIZE,
+        "gradient_accumulation_steps": PROMPTS,
+        # a BPE tokenizer and a chat model write the answer in words and spaces: room to finish, while the
+        # verifier still scores only the exact answer
+        "max_completion_length": 256,
+        # bf16 weights and activations on a GPU; activation checkpointing trades compute for memory
+        "use_cpu": False, "bf16": True, "activation_checkpointing": True,
+    }
+
+
+def load_verifier(data):
+    """The text verifier that --export-data wrote beside the prompts (standard library only)."""
+    spec = importlib.util.spec_from_file_location("rl_lab_verifier", os.path.join(data, "rl_lab_verifier.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_prompts(data, model_name, split="train"):
+    """The task's prompts: the lab's compact text for the tiny model (its tokens, one character each), the
+    task in words as a chat message for a pretrained model; the answer columns stay for the verifier."""
+    dataset = load_dataset("json", data_files={split: os.path.join(data, f"{split}.jsonl")})[split]
+    if model_name is not None:
+        dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["instruction"]}]})
+    return dataset
+
+
+def repeated(dataset, steps):
+    """The dataset repeated to hold the prompts of `steps` iterations: the lab draws B prompts with
+    replacement, so B may exceed the task's prompts (the binary task has six)."""
+    copies = max(1, -(-PROMPTS * steps // len(dataset)))  # ceil(B * steps / P)
+    return concatenate_datasets([dataset] * copies)
+
+
+def make_reward(verifier, tokenizer):
+    """TRL's reward function: the verifier on the decoded completions, told which were cut at the length
+    limit (their ids end without EOS, TRL's own test of truncation)."""
+    stops = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+
+    def rl_lab_reward(completions, completion_ids, **columns):
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
+        return verifier.reward_func(completions, truncated=truncated, **columns)
+
+    return rl_lab_reward
+
+
+def reward_funcs(verifier, tokenizer, model_name):
+    """The verifier and, for an overlong penalty, TRL's soft overlong punishment: TRL adds their rewards."""
+    functions = [make_reward(verifier, tokenizer)]
+    if OVERLONG_CACHE is not None:
+        cap = scaled(model_name)["max_completion_length"]
+        # the penalty's ramp keeps its share of the cap when a pretrained model gets a longer one
+        functions.append(get_soft_overlong_punishment(cap, max(1, round(OVERLONG_CACHE * cap / MAX_NEW_TOKENS))))
+    return functions
 
 
 def build_tokenizer():
-    """One token per character; every text starts with <bos>; decoding joins the characters again."""
-    tokenizer = Tokenizer(models.WordLevel({{token: i for i, token in enumerate(VOCABULARY)}}, unk_token="<pad>"))
+    """One token per character of the lab's vocabulary; every text starts with <bos>; PAD shares EOS's id
+    (as in the lab: the attention mask, not the id, marks padding)."""
+    vocabulary = ["<bos>", "<eos>"] + list(CHARACTERS)
+    tokenizer = Tokenizer(models.WordLevel({token: i for i, token in enumerate(vocabulary)}, unk_token="<eos>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>")
+                                   pad_token="<eos>", padding_side="left")
 
 
 def build_model(tokenizer):
-    config = LlamaConfig(vocab_size=len(VOCABULARY), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+    """A 2-layer Llama of about 30k parameters over the lab's vocabulary."""
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
     torch.manual_seed(SEED)
     return LlamaForCausalLM(config)
 
 
-def warm_start(model, tokenizer, steps=30):
-    """A few supervised steps on the answers: a random model scores 0 on every sample, so every
-    advantage would be 0 and RL would have nothing to learn from."""
+def warm_start(model, tokenizer, dataset, steps=WARM_START_STEPS):
+    """A short SFT on one correct response of every train prompt, then EOS (the answer and EOS are trained,
+    not the prompt)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    texts = [prompt + ANSWERS[prompt] for prompt in ANSWERS]
-    batch = tokenizer(texts, return_tensors="pt", padding=True)
-    ids = torch.cat([batch["input_ids"], torch.full((len(texts), 1), tokenizer.pad_token_id)], dim=1)
-    lengths = batch["attention_mask"].sum(dim=1)
-    ids[torch.arange(len(texts)), lengths] = tokenizer.eos_token_id  # the answer ends with EOS
+    prompts = [tokenizer(prompt)["input_ids"] for prompt in dataset["prompt"]]
+    answers = [tokenizer(solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+               for solution in dataset["solution"]]
+    width = max(len(prompt) + len(answer) for prompt, answer in zip(prompts, answers))
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
     labels = torch.full_like(ids, -100)
-    for row, length in enumerate(lengths.tolist()):
-        labels[row, 2:length + 1] = ids[row, 2:length + 1]  # the answer and EOS, not <bos> n
+    mask = torch.zeros_like(ids)
+    for row, (prompt, answer) in enumerate(zip(prompts, answers)):  # right-padded: positions start at 0
+        ids[row, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        labels[row, len(prompt):len(prompt) + len(answer)] = torch.tensor(answer)
+        mask[row, :len(prompt) + len(answer)] = 1
     for _ in range(steps):
-        loss = model(input_ids=ids, labels=labels).loss
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
 
-def make_verifier(tokenizer):
-    eos = tokenizer.eos_token_id
-
-    def verifier(prompts, completions, completion_ids, **kwargs):
-        """The lab's rule-based reward: 1 for the exact answer then EOS, 0.25 for a response cut at the
-        length limit that starts with the answer, else 0. The completion text carries no EOS; the ids do."""
-        rewards = []
-        for prompt, ids in zip(prompts, completion_ids):
-            answer = tokenizer.convert_tokens_to_ids(list(ANSWERS[prompt]))
-            ids = list(ids)
-            if eos in ids:
-                rewards.append(REWARD_CORRECT if ids[: ids.index(eos) + 1] == answer + [eos] else 0.0)
-            elif len(ids) >= MAX_NEW_TOKENS and ids[: len(answer)] == answer:
-                rewards.append(REWARD_PARTIAL)
-            else:
-                rewards.append(0.0)
-        return rewards
-
-    return verifier
-
-
-def make_trainer(output, steps=STEPS, trainer_class={trainer}):
-    """The trainer of this run, its model saved first in `output`/model (with beta > 0, TRL loads the
-    reference model from the model's path)."""
+def initial_model(output, model_name, dataset):
+    """(the path of the model to train, its tokenizer): a pretrained model as given, or the tiny one built,
+    warmed up and saved in `output`/model (TRL loads the reference model from that path)."""
+    if model_name is not None:
+        return model_name, AutoTokenizer.from_pretrained(model_name)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
-    warm_start(model, tokenizer)
-    model_path = os.path.join(output, "model")
-    model.save_pretrained(model_path)
-    tokenizer.save_pretrained(model_path)
-    dataset = Dataset.from_dict({{"prompt": [str(n) for n in NUMBERS] * 64}})
-    args = {config}(output_dir=output, **CPU, **{{**OPTIONS, "learning_rate": LEARNING_RATE}},
-                    per_device_train_batch_size=BATCH, max_steps=steps, logging_steps=1, save_strategy="no",
-                    seed=SEED)
-    return trainer_class(model=model_path if {beta} > 0 else model, reward_funcs=make_verifier(tokenizer),
-                         args=args, train_dataset=dataset, processing_class=tokenizer)
+    warm_start(model, tokenizer, dataset)
+    path = os.path.join(output, "model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, tokenizer
 
+
+def common_args(model_name):
+    """The Trainer's arguments every run shares: the model's scale, the lab's seed, a constant learning
+    rate and no weight decay (the lab's Adam), and the options a GPU run adds with --vllm."""
+    return {**scaled(model_name), "seed": SEED, "lr_scheduler_type": "constant", "weight_decay": 0.0,
+            "logging_steps": 1, "save_strategy": "no", "report_to": "none"}
+'''
+
+BODY_IMPORTS = {"group": "", "online_dpo": "",
+                "offline_dpo": "from datasets import Dataset\nfrom transformers import AutoModelForCausalLM\n"}
+TRL_BODIES = {
+    "group": '''
+
+def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data", model_name=None, vllm=False):
+    """The trainer of `steps` lab iterations (steps x UPDATES_PER_BATCH optimizer steps)."""
+    dataset = repeated(load_prompts(data, model_name), steps)
+    model_path, tokenizer = initial_model(output, model_name, load_prompts(data, None))
+    args = common_args(model_name)
+    config = @CONFIG@(output_dir=output, **{**OPTIONS, **(VLLM if vllm else {})}, **args,
+                      max_steps=steps * UPDATES_PER_BATCH, use_vllm=vllm)
+    return trainer_class(model=model_path, reward_funcs=reward_funcs(load_verifier(data), tokenizer, model_name),
+                         args=config, train_dataset=dataset, processing_class=tokenizer)
+''',
+    "offline_dpo": '''
+
+def make_pairs(model_path, tokenizer, dataset, verifier, iterations, model_name):
+    """The lab's offline pairs: each iteration draws PROMPTS prompts (with replacement), samples GROUP_SIZE
+    responses to each from the frozen initial model, and pairs the highest reward (chosen) with the lowest
+    (rejected), the first in sampling order among equals; a prompt whose rewards all tie gives no pair."""
+    if model_name is None:
+        model = LlamaForCausalLM.from_pretrained(model_path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto", device_map="auto")
+    generator = torch.Generator().manual_seed(SEED)
+    length = scaled(model_name)["max_completion_length"]
+    pairs = {"prompt": [], "chosen": [], "rejected": []}
+    for _ in range(iterations):
+        for index in torch.randint(0, len(dataset), (PROMPTS,), generator=generator).tolist():
+            row = dataset[index]
+            prompt = row["prompt"]
+            text = prompt if model_name is None else tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=False)
+            inputs = tokenizer(text, return_tensors="pt", add_special_tokens=model_name is None).to(model.device)
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (), generator=generator)))
+            with torch.no_grad():
+                output = model.generate(**inputs, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
+                                        max_new_tokens=length, num_return_sequences=GROUP_SIZE,
+                                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+            completions, truncated = [], []
+            for ids in output[:, inputs["input_ids"].shape[1]:].tolist():
+                stop = ids.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in ids else len(ids)
+                completions.append(tokenizer.decode(ids[:stop], skip_special_tokens=True))
+                truncated.append(stop == len(ids))
+            columns = {key: [value] * GROUP_SIZE for key, value in row.items() if key != "prompt"}
+            rewards = verifier.reward_func(completions, truncated=truncated, **columns)
+            best, worst = rewards.index(max(rewards)), rewards.index(min(rewards))
+            if rewards[best] == rewards[worst]:
+                continue
+            pairs["prompt"].append(prompt)
+            if model_name is None:
+                pairs["chosen"].append(completions[best])
+                pairs["rejected"].append(completions[worst])
+            else:
+                pairs["chosen"].append([{"role": "assistant", "content": completions[best]}])
+                pairs["rejected"].append([{"role": "assistant", "content": completions[worst]}])
+    return Dataset.from_dict(pairs)
+
+
+def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data", model_name=None, vllm=False):
+    """The trainer on the pairs of `steps` lab iterations, each seen UPDATES_PER_BATCH times."""
+    model_path, tokenizer = initial_model(output, model_name, load_prompts(data, None))
+    pairs = make_pairs(model_path, tokenizer, load_prompts(data, model_name), load_verifier(data), steps, model_name)
+    args = common_args(model_name)
+    args.pop("max_completion_length")  # the pairs are texts: DPOTrainer's max_length bounds them
+    args["per_device_train_batch_size"] //= GROUP_SIZE  # B pairs per optimizer step, as the lab's B prompts
+    config = @CONFIG@(output_dir=output, **OPTIONS, **args, num_train_epochs=UPDATES_PER_BATCH)
+    return trainer_class(model=model_path, args=config, train_dataset=pairs, processing_class=tokenizer)
+''',
+    "online_dpo": '''
+
+def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data", model_name=None, vllm=False):
+    """The trainer of `steps` lab iterations, one optimizer step each on B prompts x 2 completions."""
+    dataset = repeated(load_prompts(data, model_name), steps)
+    model_path, tokenizer = initial_model(output, model_name, load_prompts(data, None))
+    args = common_args(model_name)
+    length = args.pop("max_completion_length")
+    args["per_device_train_batch_size"] //= GROUP_SIZE  # B prompts per step; TRL samples 2 completions each
+    config = @CONFIG@(output_dir=output, **OPTIONS, **args, max_new_tokens=length, max_steps=steps, use_vllm=vllm)
+    return trainer_class(model=model_path, reward_funcs=reward_funcs(load_verifier(data), tokenizer, model_name),
+                         args=config, train_dataset=dataset, processing_class=tokenizer)
+''',
+}
+
+TRL_MAIN = '''
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--output", default="trl-run")
+    parser.add_argument("--data", default="data", help="the folder of online_tokens.py --export-data (default: data)")
+    parser.add_argument("--model", default=None, help="a pretrained causal LM (Hugging Face name or folder); "
+                                                      "default: the tiny model built here")
+    parser.add_argument("--steps", type=int, default=ITERATIONS, help=f"the lab's iterations (default {ITERATIONS})")
+    parser.add_argument("--output", default="trl-run", help="the output folder (default: trl-run)")
+    parser.add_argument("--vllm", action="store_true", help="generate with vLLM (a GPU) and apply its correction")
     args = parser.parse_args()
-    make_trainer(args.output, args.steps).train()
+    make_trainer(args.output, args.steps, data=args.data, model_name=args.model, vllm=args.vllm).train()
 
 
 if __name__ == "__main__":
