@@ -4,7 +4,7 @@ the lab's batches.
 
     .venv-bridge/bin/python bridge.py check        # every mapped setting -> TRL's and verl's config classes
     .venv-bridge/bin/python bridge.py conformance  # the lab's losses and the libraries' on the same batches
-    .venv-bridge/bin/python bridge.py e2e          # an exported TRL script trains 3 steps; the atoms recompute one
+    .venv-bridge/bin/python bridge.py e2e          # every exported TRL script trains; the atoms recompute a step
 
 Needs the optional extra (requirements-bridge.txt, in its own venv); the lab itself does not. `check`
 builds library_map.library_blocks(settings) for REPRESENTATIVE_SETTINGS (every algorithm and switch of
@@ -18,9 +18,11 @@ RLOOTrainer._compute_loss, CPOTrainer.cpo_loss and verl's actor loss (verl.worke
 also measures each documented convention difference. A third table holds every atom of SPEC section 9
 that TRL or verl implements against the library's own function on ragged float64 batches of several seeds
 (value and gradient); where the function runs only inside a trainer's generation step, the lines of it
-are executed as the library wrote them (`trl_source_block`). `e2e` writes library_export.export_trl's script
-for the default GRPO run, trains it, keeps one step's batch as TRL fed it to its loss and recomputes
-that loss and its parameter gradients with the lab's atoms (float32, to 1e-6). All exit 1 when
+are executed as the library wrote them (`trl_source_block`). `e2e` writes each task's data
+(task_data.py) and library_export.export_trl's script for each of E2E_EXPORTS (GRPO, RLOO, Dr. GRPO,
+DAPO, CISPO, GSPO, SAPO, offline and online DPO) on both tasks, trains it with the script's tiny model,
+keeps one step's batch as TRL fed it to its loss and recomputes that loss and its parameter gradients
+with the lab's atoms (float32, to 1e-6, the gradients relative to their size). All exit 1 when
 something disagrees.
 """
 
@@ -55,7 +57,8 @@ def build_parser():
                                      metavar="{check,conformance,e2e}")
     commands.add_parser("check", help="build every mapped configuration into TRL's and verl's config objects")
     commands.add_parser("conformance", help="the lab's losses against the libraries' on one float64 batch")
-    commands.add_parser("e2e", help="an exported TRL script trains 3 steps on a CPU; the lab recomputes one step")
+    commands.add_parser("e2e", help="every exported TRL script (the GRPO family, DPO offline and online, both tasks) "
+                                    "trains 2 lab iterations on a CPU; the lab's atoms recompute one step of each")
     return parser
 
 
@@ -1222,7 +1225,8 @@ def run_conformance():
 # ---------------------------------------------------------------------------------------------
 
 E2E_STEPS = 2  # lab iterations: with num_iterations 2, 4 optimizer steps of the GRPO family
-E2E_TOLERANCE = 1e-6  # float32: TRL's forward pass and the lab's recompute of it, same model and inputs
+E2E_TOLERANCE = 1e-6  # float32: TRL's forward pass and the lab's recompute of it, same model and inputs; the
+# gradients' tolerance is relative to their largest entry (float32 rounding grows with it)
 CAPTURED_CALL = 1  # the second loss of the run: after one optimizer step, so ratios and margins leave 1 and 0
 # the exports `test_bridge` trains (each on both tasks): name -> online_tokens options
 E2E_EXPORTS = {
@@ -1236,7 +1240,24 @@ E2E_EXPORTS = {
     "dpo-offline": {"algorithm": "dpo", "offline": True},
     "dpo-online": {"algorithm": "dpo"},
 }
-E2E_TASKS = {"binary": {}, "countdown": {"task": "countdown", "policy": "transformer"}}
+# Countdown with B = 4 prompts (the transformer's default is 16): the same code paths, a quarter of the sampling
+E2E_TASKS = {"binary": {}, "countdown": {"task": "countdown", "policy": "transformer", "prompts": 4}}
+_WARM_STARTS = {}  # (task, seed) -> the tiny model's state after the script's SFT warm start
+
+
+def _reusing_warm_start(script):
+    """Make the loaded script's warm start run once per task and process (the Countdown one takes most of a
+    run's time): later runs of the same task load its result, the same tensors a new warm start would give."""
+    original = script.warm_start
+
+    def warm_start(model, tokenizer, dataset):
+        key = (script.TASK, script.SEED)
+        if key not in _WARM_STARTS:
+            original(model, tokenizer, dataset)
+            _WARM_STARTS[key] = {name: value.detach().clone() for name, value in model.state_dict().items()}
+        model.load_state_dict(_WARM_STARTS[key])
+
+    script.warm_start = warm_start
 
 
 def load_script(path):
@@ -1422,6 +1443,7 @@ def run_e2e(options=None, folder=None, steps=E2E_STEPS):
         started = time.perf_counter()
         with _quiet(), contextlib.redirect_stderr(io.StringIO()):  # TRL's progress bars
             script = load_script(path)
+            _reusing_warm_start(script)
             trainer_class = (capturing_online_dpo if body == "online_dpo" else capturing)(getattr(script, trainer_name))
             output = os.path.join(folder, "run")
             trainer = script.make_trainer(output, steps, trainer_class, data=data)
@@ -1449,6 +1471,24 @@ def run_e2e(options=None, folder=None, steps=E2E_STEPS):
             "grad_difference": grad_difference}
 
 
+def e2e_agrees(result):
+    """True when the lab's recompute of a run_e2e result matches TRL's loss and gradients to E2E_TOLERANCE."""
+    return (result["loss_difference"] <= E2E_TOLERANCE
+            and result["grad_difference"] <= E2E_TOLERANCE * max(1.0, result["grad_max"]))
+
+
+def e2e_line(label, result):
+    """One readable line of a run_e2e result (its wall time is this machine's)."""
+    if "max_log_ratio" in result:
+        seen = (f"{result['nonzero_advantages']} of {result['responses']} advantages nonzero, log-ratios up to "
+                f"{result['max_log_ratio']:.2g}")
+    else:
+        seen = f"{result['pairs']} pairs, margins up to {result['max_margin']:.2g} nats"
+    return (f"{label}: {result['seconds']:.1f} s; step {CAPTURED_CALL + 1} loss TRL {result['loss_trl']:.8f}, lab "
+            f"{result['loss_lab']:.8f} (difference {result['loss_difference']:.1e}); gradients up to "
+            f"{result['grad_max']:.2g} differ by {result['grad_difference']:.1e} ({seen})")
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
@@ -1464,14 +1504,15 @@ def main(argv=None):
             print(f"{len(lines)} settings, {2 * len(lines)} blocks: {failures} failed")
             return 1 if failures else 0
         if args.command == "e2e":
-            result = run_e2e()
-            print(f"exported TRL script, {E2E_STEPS} steps on a CPU in {result['seconds']:.1f} s; "
-                  f"step {CAPTURED_CALL + 1}: "
-                  f"loss TRL {result['loss_trl']:.8f}, lab {result['loss_lab']:.8f}, difference "
-                  f"{result['loss_difference']:.1e}; gradients differ by at most {result['grad_difference']:.1e} "
-                  f"({result['nonzero_advantages']} of {result['responses']} advantages nonzero, log-ratios up to "
-                  f"{result['max_log_ratio']:.2g})")
-            return 0 if max(result["loss_difference"], result["grad_difference"]) <= E2E_TOLERANCE else 1
+            failures = 0
+            for task, task_options in E2E_TASKS.items():
+                for name, options in E2E_EXPORTS.items():
+                    result = run_e2e({**options, **task_options})
+                    failures += not e2e_agrees(result)
+                    print(e2e_line(f"{name} {task}", result))
+            print(f"{len(E2E_TASKS) * len(E2E_EXPORTS)} exported TRL scripts, {E2E_STEPS} lab iterations each on a "
+                  f"CPU: {failures} differ from the lab's atoms beyond {E2E_TOLERANCE:.0e}")
+            return 1 if failures else 0
         table, failures = run_conformance()
         print(table, end="")
         for row in failures:

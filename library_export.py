@@ -34,6 +34,8 @@ from library_map import library_blocks
 
 # The lab's learning rate moves a table of logits; a freshly built transformer needs a smaller one.
 TINY_MODEL_LEARNING_RATE = 3e-3
+# the tiny model's SFT steps per task: the binary task's six answers are learnt in a few dozen steps
+WARM_START_STEPS = {"binary": 30, "countdown": 100}
 TRL_TRAINERS = {  # the map's config name -> (the import line, the trainer class, the script's body)
     "GRPOConfig": ("from trl import GRPOConfig, GRPOTrainer", "GRPOTrainer", "group"),
     "RLOOConfig": ("from trl import RLOOConfig, RLOOTrainer", "RLOOTrainer", "group"),
@@ -200,7 +202,7 @@ def export_trl(settings):
             .replace("@BODY_IMPORTS@", BODY_IMPORTS[body] + ("from trl.rewards import get_soft_overlong_punishment\n"
                                                             if constants["OVERLONG_CACHE"] is not None else ""))
             .replace("@CONSTANTS@", "\n".join(lines)).replace("@OPTIONS@", _python(options))
-            .replace("@VLLM@", _python(vllm)).replace("@TINY_LR@", repr(TINY_MODEL_LEARNING_RATE)))
+            .replace("@VLLM@", _python(vllm)).replace("@WARM_START_STEPS@", str(WARM_START_STEPS[settings["task"]])).replace("@TINY_LR@", repr(TINY_MODEL_LEARNING_RATE)))
     body_text = TRL_BODIES[body].replace("@CONFIG@", config).replace("@TRAINER@", trainer)
     return "\n".join(header) + "\n" + text + body_text + TRL_MAIN
 
@@ -222,7 +224,9 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 OPTIONS = @OPTIONS@
 # TRL's correction of vLLM's sampler against the trainer: it exists only with vLLM (--vllm, a GPU)
 VLLM = @VLLM@
-WARM_START_STEPS = 50  # Adam steps of the tiny model's SFT: a random model scores 0, so every advantage would be 0
+# the tiny model's SFT warm start: a random model scores 0, so every advantage would be 0; enough Adam steps
+# (on every train prompt) to get some groups right and some wrong
+WARM_START_STEPS = @WARM_START_STEPS@
 
 
 def scaled(model_name):
@@ -322,7 +326,7 @@ def build_model(tokenizer):
     return LlamaForCausalLM(config)
 
 
-def warm_start(model, tokenizer, dataset, steps=WARM_START_STEPS):
+def warm_start(model, tokenizer, dataset):
     """A short SFT on one correct response of every train prompt, then EOS (the answer and EOS are trained,
     not the prompt)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -337,7 +341,7 @@ def warm_start(model, tokenizer, dataset, steps=WARM_START_STEPS):
         ids[row, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
         labels[row, len(prompt):len(prompt) + len(answer)] = torch.tensor(answer)
         mask[row, :len(prompt) + len(answer)] = 1
-    for _ in range(steps):
+    for _ in range(WARM_START_STEPS):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -413,7 +417,7 @@ def make_pairs(model_path, tokenizer, dataset, verifier, iterations, model_name)
             columns = {key: [value] * GROUP_SIZE for key, value in row.items() if key != "prompt"}
             rewards = verifier.reward_func(completions, truncated=truncated, **columns)
             best, worst = rewards.index(max(rewards)), rewards.index(min(rewards))
-            if rewards[best] == rewards[worst]:
+            if rewards[best] == rewards[worst]:  # a tie teaches no preference
                 continue
             pairs["prompt"].append(prompt)
             if model_name is None:
@@ -422,6 +426,8 @@ def make_pairs(model_path, tokenizer, dataset, verifier, iterations, model_name)
             else:
                 pairs["chosen"].append([{"role": "assistant", "content": completions[best]}])
                 pairs["rejected"].append([{"role": "assistant", "content": completions[worst]}])
+    if not pairs["prompt"]:
+        raise ValueError(f"no preference pair in {iterations} iterations: every group's rewards tie")
     return Dataset.from_dict(pairs)
 
 
