@@ -172,8 +172,8 @@ def export_trl(settings):
         "    python this_file.py --data data --steps 2 --output run                # a tiny model: a CPU, no download",
         "    python this_file.py --data data --model NAME_OR_PATH --output run     # your model, on a GPU",
         "",
-        f"{trainer} on data/train.jsonl, rewarded by data/rl_lab_verifier.py (the lab's verifier on decoded",
-        "text). The default model is a tiny Llama built here from a config, with the lab's vocabulary as a",
+        f"{trainer} on the prompts of data/train.jsonl, scored by data/rl_lab_verifier.py (the lab's verifier on",
+        "decoded text). The default model is a tiny Llama built here from a config, with the lab's vocabulary as a",
         "character tokenizer; --model takes a pretrained causal LM and its tokenizer instead (Hugging Face",
         "name or folder), prompts it with the task in words (the `instruction` column, chat format) and",
         "scales the learning rate, batch layout, lengths and precision (see scaled()).",
@@ -199,10 +199,13 @@ def export_trl(settings):
     }
     lines = [f"{name} = {value!r}" for name, value in constants.items()]
     text = (TRL_COMMON.replace("@IMPORT@", import_line)
-            .replace("@BODY_IMPORTS@", BODY_IMPORTS[body] + ("from trl.rewards import get_soft_overlong_punishment\n"
-                                                            if constants["OVERLONG_CACHE"] is not None else ""))
+            .replace("@DATASETS@", ", ".join(DATASETS_IMPORTS[body]))
+            .replace("@TRANSFORMERS@", ", ".join(TRANSFORMERS_IMPORTS[body]))
+            .replace("@OVERLONG@", "from trl.rewards import get_soft_overlong_punishment\n"
+                     if constants["OVERLONG_CACHE"] is not None else "")
             .replace("@CONSTANTS@", "\n".join(lines)).replace("@OPTIONS@", _python(options))
-            .replace("@VLLM@", _python(vllm)).replace("@WARM_START_STEPS@", str(WARM_START_STEPS[settings["task"]])).replace("@TINY_LR@", repr(TINY_MODEL_LEARNING_RATE)))
+            .replace("@VLLM@", _python(vllm)).replace("@TINY_LR@", repr(TINY_MODEL_LEARNING_RATE))
+            .replace("@WARM_START_STEPS@", str(WARM_START_STEPS[settings["task"]])))
     body_text = TRL_BODIES[body].replace("@CONFIG@", config).replace("@TRAINER@", trainer)
     return "\n".join(header) + "\n" + text + body_text + TRL_MAIN
 
@@ -213,11 +216,11 @@ import importlib.util
 import os
 
 import torch
-from datasets import concatenate_datasets, load_dataset
+from datasets import @DATASETS@
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import @TRANSFORMERS@
 @IMPORT@
-@BODY_IMPORTS@
+@OVERLONG@
 # the lab's run
 @CONSTANTS@
 # the options library_map gives for the lab's settings (the learning rate and lengths are set in scaled())
@@ -273,35 +276,6 @@ def load_prompts(data, model_name, split="train"):
     if model_name is not None:
         dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["instruction"]}]})
     return dataset
-
-
-def repeated(dataset, steps):
-    """The dataset repeated to hold the prompts of `steps` iterations: the lab draws B prompts with
-    replacement, so B may exceed the task's prompts (the binary task has six)."""
-    copies = max(1, -(-PROMPTS * steps // len(dataset)))  # ceil(B * steps / P)
-    return concatenate_datasets([dataset] * copies)
-
-
-def make_reward(verifier, tokenizer):
-    """TRL's reward function: the verifier on the decoded completions, told which were cut at the length
-    limit (their ids end without EOS, TRL's own test of truncation)."""
-    stops = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-
-    def rl_lab_reward(completions, completion_ids, **columns):
-        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
-        return verifier.reward_func(completions, truncated=truncated, **columns)
-
-    return rl_lab_reward
-
-
-def reward_funcs(verifier, tokenizer, model_name):
-    """The verifier and, for an overlong penalty, TRL's soft overlong punishment: TRL adds their rewards."""
-    functions = [make_reward(verifier, tokenizer)]
-    if OVERLONG_CACHE is not None:
-        cap = scaled(model_name)["max_completion_length"]
-        # the penalty's ramp keeps its share of the cap when a pretrained model gets a longer one
-        functions.append(get_soft_overlong_punishment(cap, max(1, round(OVERLONG_CACHE * cap / MAX_NEW_TOKENS))))
-    return functions
 
 
 def build_tokenizer():
@@ -369,10 +343,45 @@ def common_args(model_name):
             "logging_steps": 1, "save_strategy": "no", "report_to": "none"}
 '''
 
-BODY_IMPORTS = {"group": "", "online_dpo": "",
-                "offline_dpo": "from datasets import Dataset\nfrom transformers import AutoModelForCausalLM\n"}
+REWARDS = '''
+
+def make_reward(verifier, tokenizer):
+    """TRL's reward function: the verifier on the decoded completions, told which were cut at the length
+    limit (their ids end without EOS, TRL's own test of truncation)."""
+    stops = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+
+    def rl_lab_reward(completions, completion_ids, **columns):
+        truncated = [not ids or ids[-1] not in stops for ids in completion_ids]
+        return verifier.reward_func(completions, truncated=truncated, **columns)
+
+    return rl_lab_reward
+
+
+def reward_funcs(verifier, tokenizer, model_name):
+    """The verifier and, for an overlong penalty, TRL's soft overlong punishment: TRL adds their rewards."""
+    functions = [make_reward(verifier, tokenizer)]
+    if OVERLONG_CACHE is not None:
+        cap = scaled(model_name)["max_completion_length"]
+        # the penalty's ramp keeps its share of the cap when a pretrained model gets a longer one
+        functions.append(get_soft_overlong_punishment(cap, max(1, round(OVERLONG_CACHE * cap / MAX_NEW_TOKENS))))
+    return functions
+'''
+REPEATED = '''
+
+def repeated(dataset, steps):
+    """The dataset repeated to hold the prompts of `steps` iterations: the lab draws B prompts with
+    replacement, so B may exceed the task's prompts (the binary task has six)."""
+    copies = max(1, -(-PROMPTS * steps // len(dataset)))  # ceil(B * steps / P)
+    return concatenate_datasets([dataset] * copies)
+'''
+# what each script imports from datasets and transformers (offline DPO samples its pairs itself)
+DATASETS_IMPORTS = {"group": ("concatenate_datasets", "load_dataset"),
+                    "online_dpo": ("concatenate_datasets", "load_dataset"), "offline_dpo": ("Dataset", "load_dataset")}
+TRANSFORMERS = ("AutoTokenizer", "LlamaConfig", "LlamaForCausalLM", "PreTrainedTokenizerFast")
+TRANSFORMERS_IMPORTS = {"group": TRANSFORMERS, "online_dpo": TRANSFORMERS,
+                        "offline_dpo": ("AutoModelForCausalLM",) + TRANSFORMERS}
 TRL_BODIES = {
-    "group": '''
+    "group": REWARDS + REPEATED + '''
 
 def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data", model_name=None, vllm=False):
     """The trainer of `steps` lab iterations (steps x UPDATES_PER_BATCH optimizer steps)."""
@@ -441,7 +450,7 @@ def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data",
     config = @CONFIG@(output_dir=output, **OPTIONS, **args, num_train_epochs=UPDATES_PER_BATCH)
     return trainer_class(model=model_path, args=config, train_dataset=pairs, processing_class=tokenizer)
 ''',
-    "online_dpo": '''
+    "online_dpo": REWARDS + REPEATED + '''
 
 def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data", model_name=None, vllm=False):
     """The trainer of `steps` lab iterations, one optimizer step each on B prompts x 2 completions."""
@@ -450,7 +459,8 @@ def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data",
     args = common_args(model_name)
     length = args.pop("max_completion_length")
     args["per_device_train_batch_size"] //= GROUP_SIZE  # B prompts per step; TRL samples 2 completions each
-    config = @CONFIG@(output_dir=output, **OPTIONS, **args, max_new_tokens=length, max_steps=steps, use_vllm=vllm)
+    config = @CONFIG@(output_dir=output, **OPTIONS, **args, max_new_tokens=length, max_steps=steps,
+                      use_vllm=vllm)
     return trainer_class(model=model_path, reward_funcs=reward_funcs(load_verifier(data), tokenizer, model_name),
                          args=config, train_dataset=dataset, processing_class=tokenizer)
 ''',

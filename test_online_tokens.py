@@ -390,6 +390,14 @@ class OnlineCLI(unittest.TestCase):
         self.assertIn("python online_tokens.py --algorithm cispo --reduction token", text)
         self.assertIn('"loss_type": "cispo"', text)
         compile(text, script, "exec")  # a Python script, runnable where TRL is installed
+        code, _, stderr = run_main(online_tokens.main, ["--task", "countdown", "--policy", "transformer", "--algorithm",
+                                                         "dpo", "--export", "trl", script])  # a regular file: replaced
+        self.assertEqual((code, stderr), (0, ""))
+        with open(script, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertIn("python online_tokens.py --algorithm dpo --policy transformer --task countdown", text)
+        self.assertIn("OnlineDPOConfig(output_dir=output", text)
+        self.assertIn("CHARACTERS = '0123456789+-*:='", text)
         code, _, _ = run_main(online_tokens.main, ["--algorithm", "ppo", "--export", "verl", command])
         self.assertEqual(code, 0)
         with open(command, encoding="utf-8") as handle:
@@ -397,9 +405,13 @@ class OnlineCLI(unittest.TestCase):
         code, stdout, stderr = run_main(online_tokens.main, ["--algorithm", "ppo", "--export", "trl", script + "2"])
         self.assertEqual((code, stdout), (2, ""))  # TRL 1.16 has no PPO trainer
         self.assertIn("--export", stderr)
-        code, stdout, stderr = run_main(online_tokens.main, ["--policy", "transformer", "--export", "trl", script + "3"])
-        self.assertEqual((code, stdout), (2, ""))  # the script holds the binary task's data and verifier only
-        self.assertIn("argument --export: task: the TRL script holds the binary task's dataset", stderr)
+        code, stdout, stderr = run_main(online_tokens.main, ["--algorithm", "dpo", "--dpo-loss", "simpo", "--offline",
+                                                              "--export", "trl", script + "3"])
+        self.assertEqual((code, stdout), (2, ""))  # SimPO is TRL's CPOTrainer, which the export does not write
+        self.assertIn("argument --export: algorithm: the export covers GRPOConfig", stderr)
+        code, stdout, stderr = run_main(online_tokens.main, ["--export-data", script + "5", "--algorithm", "dpo"])
+        self.assertEqual((code, stdout), (2, ""))  # the data has no algorithm
+        self.assertIn("argument --export-data: takes only --task and --max-new-tokens", stderr)
         code, stdout, stderr = run_main(online_tokens.main, ["--export", "trl", script + "4", "--output", "x"])
         self.assertEqual((code, stdout), (2, ""))
         self.assertIn("argument --output: not with --export", stderr)
