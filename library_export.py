@@ -256,8 +256,11 @@ def scaled(model_name):
         # a BPE tokenizer and a chat model write the answer in words and spaces: room to finish, while the
         # verifier still scores only the exact answer
         "max_completion_length": 256,
-        # bf16 weights and activations on a GPU; activation checkpointing trades compute for memory
-        "use_cpu": False, "bf16": True, "activation_checkpointing": True,
+        # bf16 on a GPU that has it (a CPU or an older GPU trains in float32); activation checkpointing trades
+        # compute for memory
+        "use_cpu": not torch.cuda.is_available(),
+        "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        "activation_checkpointing": True,
     }
 
 

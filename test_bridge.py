@@ -7,9 +7,11 @@ suite's count and time do not change. With it, `check` and `conformance` run onc
 (about a minute: verl's Hydra composition costs most of it) and the tests read their results.
 """
 
+import contextlib
 import importlib
 import importlib.metadata
 import inspect
+import io
 import json
 import math
 import os
@@ -867,3 +869,29 @@ class TrlExports(unittest.TestCase):
         self.assertEqual((code, out), (2, ""))
         self.assertIn("argument --export: algorithm: TRL 1.16 has no PPO trainer", err)
         self.assertEqual(os.listdir(folder), [])
+
+    def test_model_option_scales_the_run_and_trains_a_local_pretrained_folder(self):
+        """--model takes a folder as from_pretrained reads it (here the tiny Llama, with a chat template):
+        a pretrained model's learning rate, batch layout and length, and the prompts in words as chat."""
+        folder = tempfile.mkdtemp()
+        data, _ = exported_data("binary")
+        path = os.path.join(folder, "run_trl.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(library_export.export_trl(bridge.run_settings({})))
+        with bridge._quiet(), contextlib.redirect_stderr(io.StringIO()):
+            script = bridge.load_script(path)
+            tokenizer = script.build_tokenizer()
+            tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+            pretrained = os.path.join(folder, "pretrained")
+            script.build_model(tokenizer).save_pretrained(pretrained)
+            tokenizer.save_pretrained(pretrained)
+            trainer = script.make_trainer(os.path.join(folder, "run"), 1, data=data, model_name=pretrained)
+            args = trainer.args
+            self.assertEqual((args.learning_rate, args.lr_scheduler_type, args.weight_decay), (1e-6, "constant", 0.0))
+            self.assertEqual((args.per_device_train_batch_size, args.gradient_accumulation_steps), (8, 8))
+            self.assertEqual((args.max_completion_length, args.max_steps, args.seed), (256, 2, 7))
+            self.assertEqual(trainer.train_dataset[0]["prompt"][0]["content"],
+                             "Write the number 0 in binary. Answer with the binary digits only.")
+            self.assertFalse(os.path.exists(os.path.join(folder, "run", "model")))  # nothing built or warmed up
+            trainer.train()
+        self.assertEqual(trainer.state.global_step, 2)
