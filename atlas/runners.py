@@ -27,15 +27,19 @@ STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups
 
 RUNNERS = {}  # name -> runner: what a configuration names and a worker runs
 TRAINING_RUNNERS = set()  # the names of the runners that train for `steps` iterations: --quick shortens them
+TRANSFORMER_RUNNERS = set()  # the names of the runners of the transformer: they load (or train) an SFT start
 
 
-def runner(function=None, *, trains=False):
+def runner(function=None, *, trains=False, transformer=False):
     """Register a runner under its function's name: `@runner`, or `@runner(trains=True)` for one that takes
-    `steps` (--quick shortens it)."""
+    `steps` (--quick shortens it); transformer=True for one that runs the transformer from its SFT start
+    (its options' sft_steps and sft_folder say which)."""
     def register(function):
         RUNNERS[function.__name__] = function
         if trains:
             TRAINING_RUNNERS.add(function.__name__)
+        if transformer:
+            TRANSFORMER_RUNNERS.add(function.__name__)
         return function
     return register if function is None else register(function)
 
@@ -357,7 +361,7 @@ TRANSFORMER_EVALUATION = ("pass@1", "pass@4", "pass@16", "pass@64", "entropy_per
                           "mean_length_correct", "mean_length_wrong")
 
 
-@runner
+@runner(transformer=True)
 def run_transformer(seed, curve=TRANSFORMER_CURVE, **options):
     """One transformer run (online_tokens.train(policy="transformer", ...)): run_online's metrics and
     curve, the sampled evaluation of the test prompts before (the SFT start) and after training
@@ -508,7 +512,7 @@ def run_entropy_mechanism(seed, **options):
     return {"metrics": metrics, "curve": curve}
 
 
-@runner(trains=True)
+@runner(trains=True, transformer=True)
 def run_dpo_displacement(seed, **options):
     """A transformer DPO run (offline pairs unless said otherwise) that follows its pairs: after each update,
     over the batch's pairs, the current policy's summed log-prob of the chosen and of the rejected responses
