@@ -153,6 +153,8 @@ def _trl_group(s):
                                                   "corrects is vLLM's numerics")
     if s["m2po"] is not None:
         unmatched["m2po"] = "TRL has no second-moment mask (AReaL's actor.m2_threshold)"
+    if s["advantage_sign"] != "both":
+        unmatched[f"advantage_sign={s['advantage_sign']}"] = "TRL has no option that keeps one sign of the advantages"
     return {"config": advantage.trl_config, "options": options, "unmatched": unmatched, "differences": differences}
 
 
@@ -212,6 +214,8 @@ def _verl_group(s):
                          ("top_entropy_quantile", "verl has no high-entropy token mask (TRL's top_entropy_quantile)")):
         if s[name] is not None:
             unmatched[name] = reason
+    if s["advantage_sign"] != "both":
+        unmatched[f"advantage_sign={s['advantage_sign']}"] = "verl has no option that keeps one sign of the advantages"
     if s["entropy_coef"] > 0:
         options[ACTOR + "entropy_coeff"] = s["entropy_coef"]
         differences.append("verl's entropy bonus is reduced by its loss_agg_mode; the lab's by the token mean")
@@ -284,6 +288,9 @@ def _dpo_blocks(s):
     loss, offline, mean = PREFERENCE_LOSSES[s["dpo_loss"]], s["offline"], s["sequence_logp"] == "mean"
     unmatched, differences = {}, []
     options = {"beta": s["dpo_beta"]}
+    if s["dpo_rejected"] != "first":
+        unmatched[f"dpo_rejected={s['dpo_rejected']}"] = ("TRL's DPO trainers take the pairs as given (a judge or "
+                                                          "the data chooses them)")
     if not offline:
         config = "OnlineDPOConfig (trl.experimental.online_dpo)"
         loss.trl_online(s, options, unmatched)

@@ -213,6 +213,10 @@ class GroupFamily:
         cfg = self.cfg
         advantages = self.advantages(batch)
         advantages = advantages.to(batch.old_logps.dtype)  # rewards are float64; a transformer trains in float32
+        if cfg.advantage_sign == "positive":  # PSR: only the responses better than their group's mean teach
+            advantages = advantages.clamp(min=0.0)
+        elif cfg.advantage_sign == "negative":  # NSR: only the worse ones, pushed down (arXiv 2506.01347)
+            advantages = advantages.clamp(max=0.0)
         loss_mask = batch.mask
         if cfg.mask_truncated:  # DAPO-style: a cut response has no verdict to learn from
             loss_mask = loss_mask * (~batch.truncated).unsqueeze(1).long()
@@ -314,7 +318,10 @@ class GroupFamily:
 
     def settings(self):
         cfg = self.cfg
+        kept = {"both": None, "positive": "A > 0", "negative": "A < 0"}[cfg.advantage_sign]
+        sign = {} if kept is None else {"advantage_sign": f"only {kept} kept: every other advantage set to 0"}
         return {
+            **sign,
             "group_advantage_eps": GROUP_EPS,
             "kl": (f"{cfg.kl_estimator} per token, beta times it in the loss" if cfg.kl_in == "loss" else
                    f"beta times the response's summed {cfg.kl_estimator} subtracted from its reward"),
@@ -509,13 +516,25 @@ class PreferenceFamily:
         return batch.rewards
 
     def credit(self, batch):
-        """The first in sampling order among equals; groups whose rewards all tie give no pair."""
-        grouped = batch.rewards.reshape(-1, self.cfg.group_size)  # (B, G)
-        offsets = torch.arange(grouped.shape[0]) * self.cfg.group_size
-        varies = ~groups_tie(batch.rewards, self.cfg.group_size)
-        chosen = (grouped.argmax(dim=1) + offsets)[varies]
-        rejected = (grouped.argmin(dim=1) + offsets)[varies]
-        return PairCredit(chosen, rejected, int((~varies).sum().item()), batch.mask)
+        """The first in sampling order among equals; groups whose rewards all tie give no pair. With
+        --dpo-rejected nearest (farthest) the rejected is, among the group's lowest-reward responses, the one
+        that differs from the chosen in the fewest (most) token positions (`pair_distances`)."""
+        group_size = self.cfg.group_size
+        grouped = batch.rewards.reshape(-1, group_size)  # (B, G)
+        offsets = torch.arange(grouped.shape[0]) * group_size
+        varies = ~groups_tie(batch.rewards, group_size)
+        chosen = grouped.argmax(dim=1) + offsets  # (B,)
+        if self.cfg.dpo_rejected == "first":
+            rejected = grouped.argmin(dim=1) + offsets
+        else:
+            distances = pair_distances(batch.completion_ids, batch.real, chosen, group_size)  # (B, G)
+            lowest = grouped == grouped.min(dim=1, keepdim=True).values  # (B, G): the candidates
+            if self.cfg.dpo_rejected == "nearest":
+                rejected = torch.where(lowest, distances, distances.new_tensor(batch.real.shape[1] + 1)).argmin(dim=1)
+            else:
+                rejected = torch.where(lowest, distances, distances.new_tensor(-1)).argmax(dim=1)
+            rejected = rejected + offsets
+        return PairCredit(chosen[varies], rejected[varies], int((~varies).sum().item()), batch.mask)
 
     def sequence_logps(self, logps, mask):
         """(N,) a response's log-prob: the sum over its kept tokens, or their mean (--sequence-logp)."""
@@ -544,9 +563,12 @@ class PreferenceFamily:
         return {}
 
     def settings(self):
+        nearest = {"nearest": "the one nearest to the chosen", "farthest": "the one farthest from the chosen"}
+        among = "" if self.cfg.dpo_rejected == "first" else (
+            f" ({nearest[self.cfg.dpo_rejected]} in differing token positions among the lowest)")
         return {
-            "pairs": ("per prompt, the highest-reward response (chosen) against the lowest (rejected); prompts "
-                      "whose rewards all tie give no pair"),
+            "pairs": (f"per prompt, the highest-reward response (chosen) against the lowest (rejected){among}; "
+                      "prompts whose rewards all tie give no pair"),
             "data": ("sampled from the frozen initial policy, B x G per iteration" if self.cfg.offline
                      else "sampled from the current policy each iteration"),
         }
@@ -554,6 +576,23 @@ class PreferenceFamily:
     @staticmethod
     def library_blocks(settings):
         return dpo_blocks(settings)
+
+
+def differing_positions(completion_ids, real, first, second):
+    """(K,) int64: in how many of the R positions response first[k] differs from response second[k]: its
+    token, or whether the position is part of the response (a shorter response ends where the longer one
+    goes on; PAD shares EOS's id, so the ids alone would not say). completion_ids (N, R), real (N, R) bool,
+    first and second (K,) row indices."""
+    differs = (completion_ids[first] != completion_ids[second]) | (real[first] != real[second])  # (K, R)
+    return differs.sum(dim=1)
+
+
+def pair_distances(completion_ids, real, chosen, group_size):
+    """(B, G) int64: `differing_positions` of each response from its group's chosen one (chosen (B,) row
+    indices; the chosen itself is at 0)."""
+    rows = torch.arange(completion_ids.shape[0])
+    distances = differing_positions(completion_ids, real, chosen.repeat_interleave(group_size), rows)  # (B*G,)
+    return distances.reshape(-1, group_size)  # (B*G,) -> (B, G)
 
 
 FAMILIES = {"group": GroupFamily, "ppo": TokenPPO, "dpo": PreferenceFamily}

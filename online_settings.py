@@ -47,6 +47,7 @@ POLICY_DEFAULTS = {"table": {}, "transformer": {"task": "countdown", "learning_r
 # and the atlas (atlas/runners.py) read them from here
 TARGET_SUCCESS = 0.9
 LAST_ITERATIONS = 10
+DPO_REJECTED = ("first", "nearest", "farthest")  # --dpo-rejected: which lowest-reward response a pair rejects
 MAX_DEFAULT_NAME = 120  # characters of a default output folder name (a file system allows 255 bytes)
 MIN_TEMPERATURE = 0.01  # below it the tempered logits overflow exp() once the table has learned anything
 # B*G*R token positions per batch: 2**20 take about 0.5 GB of memory and 5 s per iteration on one core
@@ -130,6 +131,10 @@ class OnlineConfig:
     overlong_penalty: int = setting(None, "DAPO's soft overlong punishment with this cache (tokens before the "
                                     "cap where it ramps to -1)", low=1, high="max_new_tokens", optional=True,
                                     applies=GROUP)
+    advantage_sign: str = setting("both", "keep the advantages of both signs, only A > 0 (positive sample "
+                                  "reinforcement) or only A < 0 (negative sample reinforcement; Zhu et al., arXiv "
+                                  "2506.01347): the other sign's responses get advantage 0",
+                                  choices=("both", "positive", "negative"), applies=GROUP, quiet=True)
     dynamic_sampling: bool = setting(False, "resample until every group's rewards vary (DAPO), counting every "
                                      "extra response", applies=GROUP)
     max_resample_rounds: int = setting(8, "extra batches drawn at most", low=1, high=64,
@@ -228,6 +233,10 @@ class OnlineConfig:
                                  choices=("sum", "mean"), applies=("dpo",), default_text="sum; simpo mean")
     offline: bool = setting(False, "pairs sampled from the frozen initial policy, not the current one (online vs "
                             "offline, one flag apart)", applies=("dpo",))
+    dpo_rejected: str = setting("first", "which of a group's lowest-reward responses is the rejected one: the first "
+                                "in sampling order, the nearest to the chosen (fewest token positions that differ) "
+                                "or the farthest (most); ties go to the first", choices=DPO_REJECTED,
+                                applies=("dpo",), quiet=True)
     # the transformer policy
     dtype: str = setting("float32", "the trainer's precision: every log-prob, ratio and update",
                          choices=("float32", "float64"), policies=("transformer",))

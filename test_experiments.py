@@ -428,6 +428,50 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(one["clip_fraction"], 0.0)  # one step per batch: every ratio is exactly 1
         self.assertGreater(eight["clip_fraction"], 0.1)
 
+    def test_dpo_displacement_measures_its_pairs_against_the_sft_start(self):
+        options = {**catalog.DPO_QUICK, "offline": True, "steps": 2}
+        still = runners.run_dpo_displacement(0, **options, learning_rate=1e-12)  # the policy stays the SFT start
+        moved = runners.run_dpo_displacement(0, **options)
+        for result in (still, moved):
+            points = [point for point in result["curve"][1:] if point["margin"] is not None]
+            self.assertGreaterEqual(len(points), 1)  # the 150-step SFT start answers some prompts right: pairs
+            for point in points:
+                self.assertAlmostEqual(point["margin"], point["chosen_logp_change"] - point["rejected_logp_change"],
+                                       places=5)
+                self.assertGreaterEqual(point["pair_distance"], 1)  # a correct and a wrong response differ
+            self.assertEqual(result["metrics"]["margin_tail"],
+                             math.fsum(point["margin"] for point in points) / len(points))
+        for point in still["curve"][1:]:  # the same responses, the same model: every change is float32 rounding
+            if point["margin"] is None:
+                continue
+            self.assertLess(abs(point["chosen_logp_change"]) + abs(point["rejected_logp_change"]), 1e-4)
+        self.assertGreater(moved["metrics"]["margin_tail"], 1e-3)  # a DPO step raises the margin of its pairs
+        self.assertIsNone(still["curve"][0]["margin"])  # row 0: nothing sampled yet
+
+    def test_negative_samples_claims_read_before_and_after_pairs(self):
+        table = catalog.experiments()["negative-samples"]
+        names = [catalog.configuration_name(label) for label, _, _ in table.configurations]
+        self.assertEqual(names[:3], ["advantage_sign=both beta=0.02", "advantage_sign=positive beta=0.02",
+                                     "advantage_sign=negative beta=0.02"])
+        runs = {name: {f"test_{metric}_{moment}": None for metric in runners.TRANSFORMER_EVALUATION
+                       for moment in ("before", "after")} for name in names}
+        for name, after in zip(names, (0.30, 0.40, 0.25, 0.36, 0.30)):  # pass@1 from 0.20
+            runs[name].update({"test_pass@1_before": 0.20, "test_pass@1_after": after, "test_pass@16_before": 0.90})
+        for name, after in zip(names, (0.91, 0.86, 0.93, 0.89, 0.90)):  # pass@16 from 0.90
+            runs[name]["test_pass@16_after"] = after
+        values = [claim.value(runs) for claim in table.claims]
+        for got, expected in zip(values[:6], (0.20, 0.04, True, 0.05, 0.10, 0.07)):
+            self.assertAlmostEqual(got, expected, places=12)
+        self.assertIsNone(values[6])  # no entropy measured (eval_samples 0): the seed has no value
+        self.assertAlmostEqual(values[7], 0.07 - 0.01, places=12)  # NSR - PSR at beta 0.02, minus at beta 1
+        # the sampled evaluation before and after training draws the same responses: a run that does not move
+        # (learning rate 1e-12 in float32) reports pass@1 and the rest unchanged, to the bit
+        still = runners.run_transformer(0, **{**catalog.TRANSFORMER_QUICK, "eval_samples": 4, "steps": 1},
+                                        advantage_sign="negative", learning_rate=1e-12)["metrics"]
+        for key in ("pass@1", "pass@4", "entropy_per_token", "distinct_correct_per_prompt"):
+            self.assertEqual(still[f"test_{key}_after"], still[f"test_{key}_before"], key)
+        self.assertGreater(still["test_entropy_per_token_before"], 0.0)
+
     def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
         # the cheapest experiment of each runner, run as the program runs them (two workers); every other
         # experiment is checked without a run, against its committed runs (CommittedAtlas)
@@ -466,7 +510,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
-                     "entropy-mechanism")
+                     "entropy-mechanism", "dpo-displacement")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -512,6 +556,8 @@ def assert_options_are_settings(test, runner, options):
         online_settings.resolve(dict(passed))
     elif runner == "run_transformer":
         online_settings.resolve({**runners.TRANSFORMER, **passed})
+    elif runner == "run_dpo_displacement":
+        online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})
     elif runner == "run_bandit":
         inspect.signature(rl_lab.train).bind(options["algorithm"], seed=0, **passed)
     else:

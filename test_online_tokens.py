@@ -24,6 +24,7 @@ import online_algorithms
 import online_registry
 import rl_lab
 from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
+import online_settings
 from online_settings import default_output, resolve
 from policies import TableCritic, logps_of_tokens, nucleus
 from tasks import BinaryTask
@@ -674,6 +675,44 @@ class OnlineDPO(unittest.TestCase):
                 loss, _, _ = state.algorithm.loss(logps, batch, credit, first_pass=True)
                 self.assertAlmostEqual(loss.item(), expected.item(), places=13)
 
+    def test_pair_distances_count_differing_tokens_and_where_a_response_ends(self):
+        # PAD shares EOS's id (13 here): rows 0 and 1 differ at position 2 (3 vs EOS) and at 3, where row 1
+        # has ended (its PAD reads as EOS, like row 0's real EOS); rows 2 and 3 differ at 0, 1, 2 and 3
+        ids = torch.tensor([[1, 2, 3, 13], [1, 2, 13, 13], [1, 4, 3, 13], [5, 6, 13, 13]])
+        real = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]]).bool()
+        self.assertEqual(online_algorithms.pair_distances(ids, real, torch.tensor([0, 3]), 2).tolist(),
+                         [[0, 2], [4, 0]])
+        self.assertEqual(online_algorithms.differing_positions(ids, real, torch.tensor([0, 1]),
+                                                               torch.tensor([2, 3])).tolist(), [1, 2])
+
+    def test_the_rejected_response_is_the_first_nearest_or_farthest_of_the_lowest(self):
+        def distance(batch, a, b):  # the slow reference: position by position
+            ids, real = batch.completion_ids.tolist(), batch.real.tolist()
+            return sum(int(ids[a][t] != ids[b][t] or real[a][t] != real[b][t]) for t in range(len(ids[a])))
+
+        picks = {}
+        for choice in online_settings.DPO_REJECTED:
+            state = online_tokens.setup(algorithm="dpo", seed=3, dpo_rejected=choice, group_size=8)
+            shuffled(state, 6)
+            picks[choice] = rollout_with_credit(state)
+        batch, first = picks["first"]
+        self.assertGreater(first.chosen.numel(), 3)
+        for choice, (other, credit) in picks.items():
+            self.assertTrue(torch.equal(other.completion_ids, batch.completion_ids))  # one batch for the three
+            self.assertTrue(torch.equal(credit.chosen, first.chosen))  # the chosen does not depend on the choice
+        for pair, (chosen, rejected) in enumerate(zip(first.chosen.tolist(), first.rejected.tolist())):
+            start = chosen - chosen % 8
+            rewards = batch.rewards[start:start + 8]
+            lowest = [start + g for g in range(8) if rewards[g] == rewards.min()]
+            distances = {row: distance(batch, chosen, row) for row in lowest}
+            self.assertEqual(rejected, lowest[0])
+            nearest, farthest = picks["nearest"][1].rejected[pair].item(), picks["farthest"][1].rejected[pair].item()
+            self.assertEqual(nearest, min(lowest, key=lambda row: (distances[row], row)))
+            self.assertEqual(farthest, min(lowest, key=lambda row: (-distances[row], row)))
+        differs = [picks["nearest"][1].rejected, picks["farthest"][1].rejected]
+        self.assertFalse(torch.equal(*differs))  # the choice changes some pairs on this batch
+        self.assertNotIn("dpo_rejected", online_tokens.settings_of(online_tokens.setup(algorithm="dpo", seed=3)))
+
 
 # ---------------------------------------------------------------------------------------------
 # The GRPO family's switches
@@ -681,6 +720,21 @@ class OnlineDPO(unittest.TestCase):
 
 
 class GroupFamilySwitches(unittest.TestCase):
+    def test_advantage_sign_keeps_one_sign_and_the_two_add_up_to_both(self):
+        credits = {}
+        for sign in ("both", "positive", "negative"):
+            state = online_tokens.setup(seed=6, advantage_sign=sign)
+            shuffled(state, 2)
+            credits[sign] = rollout_with_credit(state)[1].advantages
+        both, positive, negative = credits["both"], credits["positive"], credits["negative"]
+        self.assertTrue(bool((both > 0).any()) and bool((both < 0).any()))  # the batch has both signs
+        self.assertTrue(torch.equal(positive, torch.where(both > 0, both, torch.zeros_like(both))))
+        self.assertTrue(torch.equal(negative, torch.where(both < 0, both, torch.zeros_like(both))))
+        self.assertTrue(torch.equal(positive + negative, both))
+        self.assertNotIn("advantage_sign", online_tokens.settings_of(online_tokens.setup(seed=6)))
+        with self.assertRaisesRegex(ValueError, "advantage_sign"):
+            resolve({"algorithm": "dpo", "advantage_sign": "negative"})
+
     def test_kl_in_the_reward_is_beta_times_the_summed_estimate(self):
         state = online_tokens.setup(seed=6, kl_in="reward", kl_estimator="k1", beta=0.5)
         shuffled(state, 2)

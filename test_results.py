@@ -32,7 +32,7 @@ def atlas_first_runs():
     for name in sorted(os.listdir(os.path.join(HERE, ATLAS))):
         settings = atlas_settings(name)
         configuration = settings["configurations"][0]
-        if configuration["runner"] != "run_transformer":
+        if configuration["runner"] not in runners.TRANSFORMER_RUNNERS:
             first[name] = (configuration["runner"], settings["seeds"][0], configuration["options"])
     return first
 
@@ -118,7 +118,7 @@ class CommittedResults(unittest.TestCase):
         for folder in (ATLAS, ATLAS + "-start100"):
             for name in sorted(os.listdir(os.path.join(HERE, folder))):
                 settings = atlas_settings(name, folder)
-                if folder == ATLAS and settings["configurations"][0]["runner"] != "run_transformer":
+                if folder == ATLAS and settings["configurations"][0]["runner"] not in runners.TRANSFORMER_RUNNERS:
                     continue
                 with self.subTest(folder=folder, experiment=name):
                     runs = rows_of(os.path.join(folder, name, "runs.csv"))

@@ -25,7 +25,7 @@ import policies
 from atlas.catalog import configuration_name, experiments
 from atlas.claims import (CHECK, CLAIM, FAILS, HOLDS, KINDS, NOISE, check_claim, count_text, interval_text,
                           number_text)
-from atlas.runners import RUNNERS, TARGET, TRAINING_RUNNERS, TRANSFORMER
+from atlas.runners import RUNNERS, TARGET, TRAINING_RUNNERS, TRANSFORMER, TRANSFORMER_RUNNERS
 from lab.checks import torch_threads
 from lab.io import HeldSignals, Terminated, csv_text, json_text
 from online_settings import resolve
@@ -446,7 +446,7 @@ def sft_folders(selected):
     folders = set()
     for experiment in selected:
         for _, runner, options in experiment.configurations:
-            if runner == "run_transformer":
+            if runner in TRANSFORMER_RUNNERS:
                 sft_options = {name: options[name] for name in ("sft_steps", "sft_folder") if name in options}
                 folders.add(policies.sft_cache_folder(resolve({**TRANSFORMER, **sft_options})))
     return sorted(folders)
@@ -458,7 +458,7 @@ def warm_start(selected):
     seen = set()
     for experiment in selected:
         for _, runner, options in experiment.configurations:
-            if runner == "run_transformer":
+            if runner in TRANSFORMER_RUNNERS:
                 key = (options.get("sft_steps"), options.get("sft_folder"))
                 if key not in seen:
                     seen.add(key)

@@ -16,6 +16,7 @@ import ppo_chain
 import rl_lab
 from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, first_order_entropy_change,
                          policy_gradient_bias, reward_distribution)
+from online_algorithms import differing_positions
 from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET
 from policies import logps_of_tokens
 from rl_lab import DTYPE
@@ -26,15 +27,19 @@ STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups
 
 RUNNERS = {}  # name -> runner: what a configuration names and a worker runs
 TRAINING_RUNNERS = set()  # the names of the runners that train for `steps` iterations: --quick shortens them
+TRANSFORMER_RUNNERS = set()  # the names of the runners of the transformer: they load (or train) an SFT start
 
 
-def runner(function=None, *, trains=False):
+def runner(function=None, *, trains=False, transformer=False):
     """Register a runner under its function's name: `@runner`, or `@runner(trains=True)` for one that takes
-    `steps` (--quick shortens it)."""
+    `steps` (--quick shortens it); transformer=True for one that runs the transformer from its SFT start
+    (its options' sft_steps and sft_folder say which)."""
     def register(function):
         RUNNERS[function.__name__] = function
         if trains:
             TRAINING_RUNNERS.add(function.__name__)
+        if transformer:
+            TRANSFORMER_RUNNERS.add(function.__name__)
         return function
     return register if function is None else register(function)
 
@@ -356,7 +361,7 @@ TRANSFORMER_EVALUATION = ("pass@1", "pass@4", "pass@16", "pass@64", "entropy_per
                           "mean_length_correct", "mean_length_wrong")
 
 
-@runner
+@runner(transformer=True)
 def run_transformer(seed, curve=TRANSFORMER_CURVE, **options):
     """One transformer run (online_tokens.train(policy="transformer", ...)): run_online's metrics and
     curve, the sampled evaluation of the test prompts before (the SFT start) and after training
@@ -504,4 +509,51 @@ def run_entropy_mechanism(seed, **options):
         metrics[f"{name}_sign_agreement"] = sum(agree) / len(agree) if agree else None
         metrics[f"{name}_correlation"] = _correlation(predicted, measured)
     metrics["entropy_mean"] = math.fsum(point["entropy"] for point in curve) / len(curve)
+    return {"metrics": metrics, "curve": curve}
+
+
+@runner(trains=True, transformer=True)
+def run_dpo_displacement(seed, **options):
+    """A transformer DPO run (offline pairs unless said otherwise) that follows its pairs: after each update,
+    over the batch's pairs, the current policy's summed log-prob of the chosen and of the rejected responses
+    minus the reference's (the SFT start's) on the same responses, their difference (the margin DPO
+    raises), and in how many token positions each pair differs (online_algorithms.pair_distances).
+    Likelihood displacement (Razin et al., arXiv 2410.08847) is a chosen change below 0 while the margin
+    grows. Metrics: each of those averaged over the last LAST iterations (_tail), the first iteration's,
+    and the final test success."""
+    state = online_tokens.setup(seed=seed, **TRANSFORMER, algorithm="dpo", **options)
+    curve = [{"step": 0, "chosen_logp_change": None, "rejected_logp_change": None, "margin": None,
+              "chosen_logp": None, "pair_distance": None}]
+
+    def observe(state, batch, credit, row):
+        chosen, rejected = credit.chosen, credit.rejected
+        point = {"step": row["step"]}
+        if chosen.numel() == 0:  # every group tied: no pair, no step
+            curve.append({**point, **{name: None for name in curve[0] if name != "step"}})
+            return
+        rows = torch.cat([chosen, rejected])  # (2K,)
+        with torch.no_grad():
+            logps = logps_of_tokens(state.policy.logits(batch.prompts[rows], batch.completion_ids[rows]),
+                                    batch.completion_ids[rows])  # (2K, R)
+        mask = batch.mask[rows]
+        now = rl_lab.masked(logps, mask).sum(dim=1)  # (2K,) summed over each response's kept tokens
+        start = rl_lab.masked(batch.ref_logps[rows], mask).sum(dim=1)
+        change = (now - start).reshape(2, -1)  # (2K,) -> (2, K): chosen, rejected
+        distances = differing_positions(batch.completion_ids, batch.real, chosen, rejected)  # (K,)
+        curve.append({**point, "chosen_logp_change": change[0].mean().item(),
+                      "rejected_logp_change": change[1].mean().item(),
+                      "margin": (change[0] - change[1]).mean().item(),
+                      "chosen_logp": now[: chosen.numel()].mean().item(),
+                      "pair_distance": distances.double().mean().item()})
+
+    rows, _ = online_tokens.run(state, observe=observe)
+    metrics = {"final_test_success_probability": rows[-1]["test_success_probability"],
+               "initial_test_success_probability": rows[0]["test_success_probability"]}
+    for name in ("chosen_logp_change", "rejected_logp_change", "margin", "chosen_logp", "pair_distance"):
+        values = [point[name] for point in curve[-LAST:] if point[name] is not None]
+        metrics[f"{name}_tail"] = math.fsum(values) / len(values) if values else None
+    first = next((point for point in curve[1:] if point["chosen_logp"] is not None), None)
+    metrics["chosen_logp_first"] = None if first is None else first["chosen_logp"]
+    for point, row in zip(curve, rows):
+        point["test_success_probability"] = row["test_success_probability"]
     return {"metrics": metrics, "curve": curve}
