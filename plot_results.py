@@ -1128,6 +1128,13 @@ def label_words(key, value):
     return words(value) if words else f"{_label(key)} {_number_text(value)}"
 
 
+def strip_font_size(tick_texts, room):
+    """STRIP_FONT_SIZE, or smaller (down to 6 pt) where a panel's strips are too narrow for their longest line
+    (`room`: points from one strip to the next; 0.6 em a character): neighbouring labels must not touch."""
+    longest = max((len(line) for text in tick_texts for line in text.split("\n")), default=1)
+    return max(6.0, min(STRIP_FONT_SIZE, round(room / (0.6 * longest) * 0.9, 1)))
+
+
 def configuration_texts(labels, keys=None):
     """For each configuration's label ({key: value}), the list of its parts in words, in the label's order:
     only the keys in `keys` when given (the keys whose values differ in a panel)."""
@@ -1247,7 +1254,7 @@ def _panel_values(axis, panel, summary_rows, runs, configurations, styles):
         axis.set_ylim(low - 0.07 * span, high + 0.07 * span)  # the numbers are under the strips, not above
         if every_seed and all(float(value).is_integer() for value in every_seed):  # counts: whole-number ticks
             axis.yaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set_xticks(ticks, [_literal(text) for text in tick_texts], fontsize=STRIP_FONT_SIZE)
+    axis.set_xticks(ticks, [_literal(text) for text in tick_texts], fontsize=strip_font_size(tick_texts, PANEL_WIDTH * 72 * 0.8 / len(metrics) * width))
     axis.tick_params(axis="x", length=2)
     if len(metrics) > 1:  # the metric of each group, below its strips' labels
         rows = max(text.count("\n") + 1 for text in tick_texts)
