@@ -559,7 +559,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
-                     "entropy-mechanism", "dpo-displacement")
+                     "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking")
 
 
 def assert_schema(test, experiment, folder, files):
