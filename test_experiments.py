@@ -603,7 +603,7 @@ def assert_options_are_settings(test, runner, options):
     passed = bound.arguments.get("options", {})
     if runner in ONLINE_RUNNERS:
         online_settings.resolve(dict(passed))
-    elif runner == "run_transformer":
+    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})

@@ -509,6 +509,7 @@ def run_entropy_mechanism(seed, **options):
         metrics[f"{name}_sign_agreement"] = sum(agree) / len(agree) if agree else None
         metrics[f"{name}_correlation"] = _correlation(predicted, measured)
     metrics["entropy_mean"] = math.fsum(point["entropy"] for point in curve) / len(curve)
+    return {"metrics": metrics, "curve": curve}
 
 
 def answer_shape(task, tokens, truncated):
