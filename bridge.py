@@ -117,6 +117,7 @@ REPRESENTATIVE_SETTINGS = [
     {"mask_truncated": True},
     {"overlong_penalty": 2},
     {"dynamic_sampling": True, "max_resample_rounds": 4},
+    {"random_reward": 0.5},
     {"rollout_temperature": 1.5},
     {"rollout_top_p": 0.9},
     {"tis_cap": 2.0},

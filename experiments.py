@@ -60,8 +60,8 @@ NAMES = ("kl-estimators", "reduction-length-bias", "std-scaling", "zero-variance
          "sampler-mismatch", "microbatch", "grpo2-vs-dpo", "four-algorithms", "dpo-label-flips", "group-size",
          "chain-lambda", "reward-shift", "sparse-reward", "passk-narrowing", "sft-vs-rl-generalization",
          "clip-higher-entropy", "length-growth", "precision-mismatch", "kl-placement", "padding-bug",
-         "kl-optimum", "entropy-mechanism",
-         "dpo-displacement", "negative-samples")
+         "kl-optimum", "entropy-mechanism", "dpo-displacement", "negative-samples", "spurious-rewards",
+         "reward-hacking")
 DEFAULT_SEEDS = 5
 QUICK_STEPS = 4
 # what an experiment's folder may hold: every file the engine writes there

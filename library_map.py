@@ -155,7 +155,18 @@ def _trl_group(s):
         unmatched["m2po"] = "TRL has no second-moment mask (AReaL's actor.m2_threshold)"
     if s["advantage_sign"] != "both":
         unmatched[f"advantage_sign={s['advantage_sign']}"] = "TRL has no option that keeps one sign of the advantages"
+    _reward_functions(s, unmatched)
     return {"config": advantage.trl_config, "options": options, "unmatched": unmatched, "differences": differences}
+
+
+def _reward_functions(s, unmatched):
+    """The lab's rewards that are not its verifier's: in TRL and verl, a reward function of one's own."""
+    if s["random_reward"] is not None:
+        unmatched["random_reward"] = ("a reward function, not an option: one returning 1 with probability "
+                                      f"{s['random_reward']}, whatever the completion")
+    if s["verifier_loophole"] is not None:
+        unmatched["verifier_loophole"] = ("a reward function, not an option: the Countdown verifier with the "
+                                          f"{s['verifier_loophole']} loophole")
 
 
 def _verl_group(s):
@@ -219,6 +230,7 @@ def _verl_group(s):
     if s["entropy_coef"] > 0:
         options[ACTOR + "entropy_coeff"] = s["entropy_coef"]
         differences.append("verl's entropy bonus is reduced by its loss_agg_mode; the lab's by the token mean")
+    _reward_functions(s, unmatched)
     return {"config": "ppo_trainer.yaml", "options": options, "unmatched": unmatched, "differences": differences}
 
 

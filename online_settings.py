@@ -31,6 +31,7 @@ REDUCTIONS = ("sequence", "token", "constant")  # rl_lab.REDUCTIONS
 ROLLOUT_LEVELS = ("token", "sequence")  # rl_lab.ROLLOUT_LEVELS
 ROLLOUT_MODES = ("truncate", "mask")  # rl_lab.ROLLOUT_MODES
 SAPO_MIN_TAU = 1e-6  # rl_lab.SAPO_MIN_TAU
+VERIFIER_LOOPHOLES = ("reuse",)  # countdown.LOOPHOLES
 
 # the response cap each task needs by default: binary answers have at most 3 digits + EOS; Countdown's
 # longest expression over 4 numbers has 7 tokens + EOS
@@ -135,6 +136,15 @@ class OnlineConfig:
                                   "reinforcement) or only A < 0 (negative sample reinforcement; Zhu et al., arXiv "
                                   "2506.01347): the other sign's responses get advantage 0",
                                   choices=("both", "positive", "negative"), applies=GROUP, quiet=True)
+    random_reward: float = setting(None, "train on a spurious reward: each response gets 1 with this probability, "
+                                   "else 0, drawn from the run's generator whatever its answer (Shao et al. 2025); "
+                                   "the verifier's own reward is logged as true_reward_mean", low=0.0, high=1.0,
+                                   optional=True, applies=GROUP, quiet=True)
+    verifier_loophole: str = setting(None, "train on a flawed verifier's reward (a proxy to hack): reuse = it also "
+                                     "accepts an expression that uses a given number twice; the correct verifier's "
+                                     "reward is logged as true_reward_mean, the flawed one's as proxy_reward_mean",
+                                     choices=VERIFIER_LOOPHOLES, optional=True, applies=GROUP,
+                                     policies=("transformer",), quiet=True)
     dynamic_sampling: bool = setting(False, "resample until every group's rewards vary (DAPO), counting every "
                                      "extra response", applies=GROUP)
     max_resample_rounds: int = setting(8, "extra batches drawn at most", low=1, high=64,
@@ -354,6 +364,8 @@ def check_combinations(values, options):
     if values["kl_estimator"] in GRADIENT_ONLY_KL and values["kl_in"] == "reward":
         raise _error("kl_estimator", f"{values['kl_estimator']} differs from k3 (k1) only in its gradient, and a KL "
                                      "in the reward (--kl-in reward) is not differentiated: take k3 or k1")
+    if values["random_reward"] is not None and values["verifier_loophole"] is not None:
+        raise _error("random_reward", "not with --verifier-loophole: a random reward reads no verifier")
     if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].inputs == "components":
         rewards = TASK_REWARDS[values["task"]]
         if len(rewards) < 2:
@@ -361,10 +373,12 @@ def check_combinations(values, options):
                                       f"{values['task']} task has one (countdown has {len(TASK_REWARDS['countdown'])}:"
                                       f" --policy transformer)")
         changed = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward"),
-                                         ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
+                                         ("--overlong-penalty", values["overlong_penalty"] is not None),
+                                         ("--random-reward", values["random_reward"] is not None),
+                                         ("--verifier-loophole", values["verifier_loophole"] is not None)) if on]
         if changed:
-            raise _error("advantage", f"{values['advantage']} reads the task's rewards one by one, and "
-                                      f"{' and '.join(changed)} would change only their sum")
+            raise _error("advantage", f"{values['advantage']} reads the task's rewards one by one, which do not "
+                                      f"see {' and '.join(changed)}")
     negative = [flag for flag, on in (("--kl-in reward", values["kl_in"] == "reward" and values["beta"] > 0),
                                       ("--overlong-penalty", values["overlong_penalty"] is not None)) if on]
     if values["algorithm"] in POLICY_LOSSES and ADVANTAGES[values["advantage"]].nonnegative and negative:

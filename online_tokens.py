@@ -236,6 +236,9 @@ COLUMNS = [
 ]
 # a transformer's task has a test split; its sampler runs apart from the trainer (KV cache, another precision)
 TRANSFORMER_COLUMNS = ["test_success_probability", "sampler_logp_diff_mean", "sampler_logp_diff_max", "sampler_kl"]
+# with a reward that is not the verifier's, the batch's mean of each: the one trained on and the correct one
+LOOPHOLE_COLUMNS = ["proxy_reward_mean", "true_reward_mean"]
+RANDOM_REWARD_COLUMNS = ["true_reward_mean"]
 INTEGER_COLUMNS = ("step", "optimizer_steps", "responses_sampled", "tokens_sampled", "total_tokens_sampled",
                    "filtered_groups", "extra_responses", "masked_truncated", "pairs", "tied_prompts")
 
@@ -283,8 +286,15 @@ def setup(**options):
         evaluation={split: solution_batch(task, evaluated_prompts(task, split, None if exact else cfg.eval_prompts),
                                           cfg.max_new_tokens) for split in splits},
         # the second wave's switches add their own columns, only when they are on
-        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS) + algorithm.extra_columns,
+        columns=COLUMNS + ([] if exact else TRANSFORMER_COLUMNS) + reward_columns(cfg) + algorithm.extra_columns,
     )
+
+
+def reward_columns(cfg):
+    """The columns of a run whose reward is not the verifier's (none for the others)."""
+    if cfg.verifier_loophole is not None:
+        return LOOPHOLE_COLUMNS
+    return RANDOM_REWARD_COLUMNS if cfg.random_reward is not None else []
 
 
 def _check_run(state):
@@ -310,7 +320,8 @@ class Batch:
     batch (`kl_per_response`); scores (N,), the reward the credit uses (the algorithm's `scores`);
     responses_sampled, tokens_sampled: the budget spent, resampled responses included; filtered_groups:
     groups dropped by dynamic sampling; reward_components (N, K), the task's rewards one by one (only for an
-    advantage that reads them)."""
+    advantage that reads them); true_rewards (N,) float64, the correct verifier's, where `rewards` are another
+    (--random-reward, --verifier-loophole; None otherwise)."""
 
     prompts: torch.Tensor
     completion_ids: torch.Tensor
@@ -328,6 +339,7 @@ class Batch:
     tokens_sampled: int = 0
     filtered_groups: int = 0
     reward_components: torch.Tensor = None
+    true_rewards: torch.Tensor = None
 
 
 def kl_per_response(logits, ref_logits, mask):
@@ -347,7 +359,14 @@ def sample_groups(state, sampler, prompt_count):
     prompts = prompts.repeat_interleave(state.cfg.group_size)  # (B,) -> (B*G,), prompt-major
     temperature, top_p = state.algorithm.sampler()
     samples = sampler.sample(prompts, state.generator, temperature=temperature, top_p=top_p)
-    rewards = state.task.rewards(prompts, samples.completion_ids, samples.real, samples.truncated)
+    if state.cfg.verifier_loophole is None:
+        rewards = state.task.rewards(prompts, samples.completion_ids, samples.real, samples.truncated)
+    else:  # the flawed verifier's: the reward trained on is a proxy (the correct one is kept in `rollout`)
+        rewards = state.task.rewards(prompts, samples.completion_ids, samples.real, samples.truncated,
+                                     loophole=state.cfg.verifier_loophole)
+    if state.cfg.random_reward is not None:  # spurious: drawn whatever the answer, from the run's one generator
+        draws = torch.rand(rewards.shape, generator=state.generator, dtype=rewards.dtype)  # (B*G,)
+        rewards = (draws < state.cfg.random_reward).to(rewards.dtype)
     return Batch(prompts, samples.completion_ids, samples.real, samples.truncated, rewards, samples.sampler_logps)
 
 
@@ -399,6 +418,8 @@ def rollout(state):
     else:
         batch = parts[0]
     batch.mask = completion_mask(batch.completion_ids, state.task.eos_id, batch.real, check=False)  # (N, R)
+    if reward_columns(cfg):  # the reward trained on is not the verifier's: keep the verifier's beside it
+        batch.true_rewards = state.task.rewards(batch.prompts, batch.completion_ids, batch.real, batch.truncated)
     if state.algorithm.reward_components:  # an advantage that normalizes each of the task's rewards apart
         batch.reward_components = state.task.reward_components(batch.prompts, batch.completion_ids, batch.real,
                                                                batch.truncated)  # (N, K)
@@ -556,7 +577,8 @@ def record(state, batch, batch_credit, update_columns, step):
     token drawn, resampled ones included), the algorithm's columns, the update's diagnostics, and the
     exact evaluation of the policy after the update."""
     kept = batch.mask.bool()
-    rewards = batch.rewards
+    # the verifier's verdicts (success, lengths of right and wrong answers), whatever reward was trained on
+    rewards = batch.rewards if batch.true_rewards is None else batch.true_rewards
     lengths = batch.mask.sum(dim=1).tolist()
     correct = state.task.correct(rewards).tolist()
     with torch.no_grad():
@@ -569,20 +591,22 @@ def record(state, batch, batch_credit, update_columns, step):
         "responses_sampled": batch.responses_sampled,
         "tokens_sampled": batch.tokens_sampled,
         "total_tokens_sampled": state.total_tokens,
-        "reward_mean": rewards.mean().item(),
+        "reward_mean": batch.rewards.mean().item(),
         "success_rate": state.task.correct(rewards).double().mean().item(),
         "partial_rate": state.task.partial(rewards).double().mean().item(),
         "mean_response_length": batch.mask.sum(dim=1).double().mean().item(),
         "mean_correct_length": mean_of([float(n) for n, ok in zip(lengths, correct) if ok]),
         "mean_wrong_length": mean_of([float(n) for n, ok in zip(lengths, correct) if not ok]),
         "truncated_fraction": batch.truncated.double().mean().item(),
-        "zero_group_fraction": groups_tie(rewards, state.cfg.group_size).double().mean().item(),
+        "zero_group_fraction": groups_tie(batch.rewards, state.cfg.group_size).double().mean().item(),
         "kl_k3": kl_k3,
         "entropy": entropy,
         "filtered_groups": batch.filtered_groups,
         "extra_responses": batch.responses_sampled - batch.prompts.shape[0],
         **evaluate(state, batch),
     })
+    if batch.true_rewards is not None:
+        row.update(proxy_reward_mean=batch.rewards.mean().item(), true_reward_mean=batch.true_rewards.mean().item())
     if not state.policy.exact:
         row.update(sampler_mismatch(batch))
     row.update(state.algorithm.columns(batch, batch_credit))

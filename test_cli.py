@@ -390,6 +390,7 @@ class TorchFreeNames(unittest.TestCase):
         self.assertEqual(declared.TASK_MIN_NEW_TOKENS, tasks.TASK_MIN_NEW_TOKENS)
         self.assertEqual(declared.TASK_MIN_NEW_TOKENS["countdown"], 2 * countdown.CountdownConfig().numbers_per_prompt)
         self.assertEqual(declared.SFT_STEPS, sft.SFTConfig().steps)
+        self.assertEqual(declared.VERIFIER_LOOPHOLES, countdown.LOOPHOLES)
         self.assertEqual(declared.LOSS_KL_ESTIMATORS, tuple(online_algorithms.LOSS_KL_ESTIMATORS))
         self.assertEqual(declared.RATIO_CORRECTED_KL, online_algorithms.RATIO_CORRECTED_KL)
         for name in ("REDUCTIONS", "ROLLOUT_LEVELS", "ROLLOUT_MODES", "SAPO_MIN_TAU"):

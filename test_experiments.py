@@ -31,6 +31,7 @@ import plot_results
 import rl_lab
 from atlas import catalog, claims, engine, exact as enumeration, runners, stats
 from policies import TablePolicy, logps_of_tokens
+from tasks import countdown_task
 from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -411,6 +412,54 @@ class ExactExpectations(unittest.TestCase):
                 self.assertAlmostEqual(enumeration.expected_wrong_length(state), enumerated, places=12)
 
 
+class FlawedAndRandomRewards(unittest.TestCase):
+    """spurious-rewards and reward-hacking: their measurements by hand and against a slow reference, and one
+    quick run of each."""
+
+    def test_answer_shape_and_pattern_by_hand(self):
+        task = countdown_task(8)
+        cases = [("3+5-2EOS", False, "n+n-n", "n+"), ("7-6EOS", False, "n-n", "n-"), ("5EOS", False, "n", "n"),
+                 ("5+7+EOS", False, "n+n+", "n+"), ("5+5+5+5", True, "n+n+n+n...", "n+")]
+        for text, truncated, shape, pattern in cases:
+            with self.subTest(text=text):
+                tokens = task.encode(text)
+                self.assertEqual(runners.answer_shape(task, tokens, truncated), shape)
+                self.assertEqual(runners.answer_pattern(task, tokens, truncated), pattern)
+
+    def test_loophole_table_against_pythons_eval(self):
+        task = countdown_task(8)
+        prompt = next(p for p in task.split_prompts("test").tolist() if len(task.solutions(p)) > 1)
+        numbers, target = task.prompt_numbers(prompt), task.prompt_target(prompt)
+        hits = {True: 0, False: 0}  # repeats allowed; split by whether a number repeats
+        for count in range(2, 5):
+            for chosen in itertools.product(numbers, repeat=count):
+                for ops in itertools.product("+-", repeat=count - 1):
+                    text = str(chosen[0]) + "".join(op + str(n) for op, n in zip(ops, chosen[1:]))
+                    if eval(text) == target:  # a slow reference sharing no code with countdown.py
+                        hits[len(set(chosen)) < count] += 1
+        table = enumeration.loophole_table(task, [prompt])
+        self.assertEqual(table["expressions_per_prompt"], 4 ** 2 * 2 + 4 ** 3 * 4 + 4 ** 4 * 8)  # 2336
+        self.assertEqual(table["correct_per_prompt"], hits[False])
+        self.assertEqual(table["correct_per_prompt"], len(task.solutions(prompt)))
+        self.assertEqual(table["proxy_only_per_prompt"], hits[True])
+        self.assertEqual(table["violations"], 0)
+
+    def test_quick_runs_measure_what_they_report(self):
+        spurious = runners.run_spurious(0, random_reward=0.5, updates_per_batch=4, pattern_samples=1,
+                                        **catalog.TRANSFORMER_QUICK)
+        metrics = spurious["metrics"]
+        self.assertAlmostEqual(metrics["pattern_share_change"],
+                               metrics["pattern_share_after"] - metrics["pattern_share_before"], places=12)
+        self.assertEqual(len(spurious["curve"]), catalog.TRANSFORMER_QUICK["steps"] + 1)
+        self.assertTrue(all(0.0 <= point["pattern_share"] <= 1.0 for point in spurious["curve"][1:]))
+        hacking = runners.run_reward_hacking(0, verifier_loophole="reuse", **catalog.TRANSFORMER_QUICK)
+        metrics, curve = hacking["metrics"], hacking["curve"][1:]
+        self.assertTrue(all(point["proxy_reward_mean"] >= point["true_reward_mean"] for point in curve))
+        head = math.fsum(point["reward_gap"] for point in curve) / len(curve)  # 2 iterations: head = tail = all
+        self.assertAlmostEqual(metrics["reward_gap_head"], head, places=12)
+        self.assertAlmostEqual(metrics["reward_gap_growth"], 0.0, places=12)
+
+
 class MechanismsAtReducedSize(unittest.TestCase):
     def test_zero_variance_is_predicted_by_the_exact_reward_distribution(self):
         result = runners.run_zero_variance(0, group_size=4, prompts=16, steps=12)
@@ -510,7 +559,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
-                     "entropy-mechanism", "dpo-displacement")
+                     "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -554,7 +603,7 @@ def assert_options_are_settings(test, runner, options):
     passed = bound.arguments.get("options", {})
     if runner in ONLINE_RUNNERS:
         online_settings.resolve(dict(passed))
-    elif runner == "run_transformer":
+    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})

@@ -764,6 +764,30 @@ class GroupFamilySwitches(unittest.TestCase):
         self.assertEqual([row["optimizer_steps"] for row in rows], [0, 0, 0])
         self.assertEqual([row["masked_truncated"] for row in rows[1:]], [64, 64])
 
+    def test_a_random_reward_ignores_the_answer_and_the_verifiers_is_logged_beside_it(self):
+        # probability 1: every response scores 1 and every group ties; the row's success
+        # rate and true_reward_mean are the verifier's, which the same seed's default batch shows
+        rows = online_tokens.train(steps=2, random_reward=1.0)[0]
+        default = online_tokens.train(steps=1)[0]
+        self.assertEqual([row["reward_mean"] for row in rows[1:]], [1.0, 1.0])
+        # advantages 0 and the policy at its reference (k3's gradient 0 there): every gradient is 0, it never moves
+        self.assertEqual({row["success_probability"] for row in rows}, {rows[0]["success_probability"]})
+        self.assertEqual(rows[1]["true_reward_mean"], default[1]["reward_mean"])
+        self.assertEqual(rows[1]["success_rate"], default[1]["success_rate"])
+        self.assertNotIn("true_reward_mean", default[1])
+        state = online_tokens.setup(seed=4, random_reward=0.5)
+        batch = online_tokens.rollout(state)
+        self.assertEqual(set(batch.rewards.tolist()), {0.0, 1.0})
+        torch.testing.assert_close(batch.true_rewards, state.task.rewards(batch.prompts, batch.completion_ids,
+                                                                          batch.real, batch.truncated))
+
+    def test_a_random_reward_and_a_loophole_are_refused_where_they_change_nothing(self):
+        for options, flag in (({"random_reward": 0.5, "advantage": "gdpo", "policy": "transformer"}, "advantage"),
+                              ({"verifier_loophole": "reuse"}, "verifier_loophole"),
+                              ({"random_reward": 1.5}, "random_reward")):
+            with self.subTest(options=options), self.assertRaisesRegex(ValueError, f"^{flag}"):
+                resolve(options)
+
     def test_dynamic_sampling_keeps_groups_that_vary_and_counts_every_response(self):
         state = online_tokens.setup(seed=7, dynamic_sampling=True)
         batch = online_tokens.rollout(state)

@@ -9,14 +9,16 @@ run) orders the work and the ETA."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
 
 from atlas.claims import Check, Claim, difference
-from atlas.exact import kl_optimum_gradient, std_scaling_table
+from atlas.exact import kl_optimum_gradient, loophole_table, std_scaling_table
 from online_algorithms import FOUR_ALGORITHMS
 from rl_lab import REDUCTIONS
+from tasks import countdown_task
 
 DEFAULT_SEEDS = 5
 TRANSFORMER_QUICK = {"steps": 2, "sft_steps": 20, "sft_folder": os.path.join("results-sft", "quick"), "prompts": 4,
@@ -1428,6 +1430,140 @@ def _negative_samples():
     )
 
 
+def _spurious_rewards():
+    # a random reward for every run (each response 1 with probability 1/2, whatever its answer); 4 updates per
+    # batch, so that ratios leave 1 and the clip can act; a third of the transformer's learning rate, since
+    # on noise alone 3e-4 moved a pilot run (seed 50, in neither seed set) 2.6 to 7.4 nats from its start
+    # in 40 iterations
+    shared = {"random_reward": 0.5, "updates_per_batch": 4, "learning_rate": 1e-4, "steps": 40, "eval_samples": 0}
+    losses = [({"loss": "grpo, clip 0.2"}, {}),
+              ({"loss": "grpo, no clip"}, {"epsilon": 0.999, "epsilon_high": 100.0}),
+              ({"loss": "cispo"}, {"algorithm": "cispo"})]
+    clip, free, cispo = (C(label) for label, _ in losses)
+    return _transformer_experiment(
+        name="spurious-rewards",
+        summary="transformer GRPO on random rewards with the ratio clip, without it, and CISPO: does the "
+                "SFT start's most frequent answer pattern grow?",
+        source="Shao et al. 2025, 'Spurious Rewards: Rethinking Training Signals in RLVR', arXiv 2506.10947 "
+               "(the clipping-bias explanation, sec. 4)",
+        claim="Each response is rewarded 1 with probability 1/2, drawn from the run's generator whatever it "
+              "answers, so every advantage has mean 0. The paper's explanation of why such rewards still change "
+              "the policy is the clip: where ratios leave 1 +- eps, it stops the gradient of improbable tokens "
+              "sooner than that of probable ones, so under zero-mean noise the probable behaviour gains. The "
+              "pattern measured is the SFT start's most frequent opening of an answer, the shape up to its first "
+              "operator (\"n+\": a sum first, about two answers of three), among 8 sampled responses per test "
+              "prompt before and after training, on the same draws. The ablation of the cause: a clip range so "
+              "wide it never acts (eps 0.999 below, 100 above), where the growth must vanish; CISPO, which "
+              "zeroes no token's gradient, likewise. The pattern and the learning rate were chosen on one pilot "
+              "seed (50); the claims were stated before the committed seeds were run.",
+        configurations=[_spurious(label, **shared, **options) for label, options in losses],
+        metrics=["pattern_share_before", "pattern_share_after", "pattern_share_change",
+                 "initial_test_success_probability", "final_test_success_probability", "clip_fraction",
+                 "kl_reference"],
+        curves=("pattern_share", "test_success_probability"),
+        claims=[
+            Check("The clip acts at eps 0.2 (mean clip fraction above 0.001) and never with the clip off (0)",
+                  lambda runs: runs[clip]["clip_fraction"] > 0.001 and runs[free]["clip_fraction"] == 0.0),
+            Claim("Under the clip, the SFT start's most frequent answer pattern grows (share after minus before)",
+                  lambda runs: runs[clip]["pattern_share_change"], "greater", 0.8),
+            Claim("The ablation: without the clip it grows less than with it (change with the clip minus without)",
+                  difference("pattern_share_change", clip, free), "greater", 0.8,
+                  note="The test of the clipping-bias explanation: it fails if the noise alone moves the pattern "
+                       "as much without the clip."),
+            Claim("Without the clip the pattern does not grow (share change at most 0)",
+                  lambda runs: runs[free]["pattern_share_change"] <= 0.0, at_least=0.8),
+            Claim("CISPO, which zeroes no token's gradient, grows it less than the clip does",
+                  difference("pattern_share_change", clip, cispo), "greater", 0.8),
+            Claim("Random rewards lower the exact test success under the clip (start minus end)",
+                  lambda runs: runs[clip]["initial_test_success_probability"]
+                  - runs[clip]["final_test_success_probability"], "greater", 0.8,
+                  note="The paper's models gained from random rewards because the pattern the clip amplified "
+                       "(code reasoning in Qwen2.5-Math) was already a good one; here nothing ties the pattern to "
+                       "correct answers."),
+        ],
+        color_by=["loss"], panels=[
+            {"kind": "curves", "columns": ["pattern_share"], "title": "share of the top pattern in each batch",
+             "ylabel": "share of responses"},
+            {"kind": "values", "metrics": ["pattern_share_before", "pattern_share_after"],
+             "title": "share of the top pattern, test prompts, before and after", "ylabel": "share of responses"},
+            {"kind": "curves", "columns": ["test_success_probability"],
+             "title": "exact test success on random rewards", "ylabel": "p(correct)"},
+            {"kind": "claim", "claim": 2, "title": "pattern growth, clip minus no clip, per seed",
+             "ylabel": "share change difference"}],
+        cost=16.0,
+        seeds_reason="a pilot (seed 50, in neither set) moved the share +0.02 under the clip and -0.09 without it, "
+                     "about four times one run's sampling error (0.023 from 848 responses), so 5 seeds; on seeds 0-4 "
+                     "the growth under the clip measures 0.06 and clip minus no clip 0.22, which need about 1900 "
+                     "and 160 seeds: no effect of the size the pilot showed; the fall of the test success measures 2.2",
+    )
+
+
+def _spurious(label, **options):
+    return (label, "run_spurious", options)
+
+
+@functools.lru_cache(maxsize=1)
+def _loophole():
+    """The flawed verifier against the correct one on every 10th test prompt (atlas.exact.loophole_table)."""
+    task = countdown_task(8)
+    return loophole_table(task, task.split_prompts("test")[::10].tolist())
+
+
+def _reward_hacking():
+    betas = (0.0, 0.2)
+    free, held = (C({"beta": beta}) for beta in betas)
+    return _transformer_experiment(
+        name="reward-hacking",
+        summary="transformer GRPO on a flawed Countdown verifier: proxy and true reward against KL(pi‖ref), "
+                "KL penalty beta 0 and 0.2",
+        source="Gao et al. 2023, 'Scaling Laws for Reward Model Overoptimization', arXiv 2210.10760 (in "
+               "miniature: a verifier with a loophole instead of a learned reward model)",
+        claim="The reward trained on is a flawed verifier's: it also accepts an expression that uses a given number "
+              "twice (the loophole \"reuse\"), so it rewards every correct answer and more. The lab's correct "
+              "verifier gives the true reward. Both are averaged over each batch, and their gap (proxy minus "
+              "true: answers that score only through the loophole) is read against the batch's KL(pi‖ref). The "
+              "claims: the gap widens as the run moves away from its start, and a stronger KL penalty keeps it "
+              "smaller. With the loophole removed the two verifiers agree: the gap is 0 by construction, checked "
+              "exactly below.",
+        configurations=[(({"beta": beta}), "run_reward_hacking",
+                         {"verifier_loophole": "reuse", "beta": beta, "steps": 60, "eval_samples": 0})
+                        for beta in betas],
+        metrics=["reward_gap_head", "reward_gap_tail", "reward_gap_growth", "proxy_reward_tail", "true_reward_tail",
+                 "kl_head", "kl_tail", "final_test_success_probability"],
+        curves=("proxy_reward_mean", "true_reward_mean", "reward_gap", "kl_reference"),
+        claims=[
+            Check("The loophole only adds: over every expression of 2-4 numbers (repeats allowed) of every 10th test "
+                  "prompt, the flawed verifier accepts every correct one and others, and agrees with the correct "
+                  "verifier on every expression without a repeated number (exact)",
+                  lambda _: _loophole()["violations"] == 0 and _loophole()["proxy_only_per_prompt"] > 0, "exact",
+                  note="The ablation of the loophole: without it the proxy is the true reward, and the gap is 0 "
+                       "by construction."),
+            Claim("Without a KL penalty the gap widens over the run: proxy minus true reward, last 10 iterations "
+                  "minus first 10", lambda runs: runs[free]["reward_gap_growth"], "greater", 0.8),
+            Claim("... and with beta 0.2 too", lambda runs: runs[held]["reward_gap_growth"], "greater", 0.8),
+            Claim("The control works: beta 0.2 ends nearer the reference (KL of the last 10 iterations, beta 0 "
+                  "minus 0.2)", difference("kl_tail", free, held), "greater", 0.8),
+            Claim("A stronger KL penalty keeps the gap smaller: the last 10 iterations' gap, beta 0 minus beta 0.2",
+                  difference("reward_gap_tail", free, held), "greater", 0.8),
+        ],
+        color_by=["beta"], panels=[
+            {"kind": "curves", "columns": ["proxy_reward_mean", "true_reward_mean"],
+             "title": "proxy reward (solid) and true reward (dashed) per batch", "ylabel": "mean reward"},
+            {"kind": "curves", "columns": ["reward_gap"], "x": "kl_reference",
+             "title": "proxy minus true reward against the KL to the start", "ylabel": "reward gap",
+             "xlabel": "KL(pi ‖ ref), nats per response"},
+            {"kind": "curves", "columns": ["kl_reference"], "title": "KL to the reference, estimated each batch",
+             "ylabel": "nats per response"},
+            {"kind": "values", "metrics": ["reward_gap_head", "reward_gap_tail"],
+             "title": "reward gap, first and last 10 iterations", "ylabel": "proxy minus true reward"}],
+        cost=13.0,
+        seeds_reason="pilot runs (seed 50, in neither set) gave a last-10-iteration gap of 0.048 at beta 0 and 0.016 "
+                     "at beta 0.2, about four times one run's sampling error (0.008 from 1280 responses), so 5 seeds; "
+                     "on seeds 0-4 the growth measures 1.6 at beta 0 and 0.7 at beta 0.2 (which needs about 17), the "
+                     "beta gap 1.8, over the 1.24 that 5 seeds separate",
+    )
+
+
 def experiments():
     """Every experiment of the atlas, by name."""
     found = [_kl_estimators(), _reduction_length_bias(), _std_scaling(), _zero_variance(), _clip_higher(),
@@ -1435,6 +1571,6 @@ def experiments():
              _dpo_label_flips(), _group_size(), _chain_lambda(), _reward_shift(), _sparse_reward(),
              _passk_narrowing(), _sft_vs_rl_generalization(), _clip_higher_entropy(), _length_growth(),
              _precision_mismatch(), _kl_placement(), _padding_bug(),
-             _kl_optimum(), _entropy_mechanism(), _dpo_displacement(),
-             _negative_samples()]
+             _kl_optimum(), _entropy_mechanism(), _dpo_displacement(), _negative_samples(),
+             _spurious_rewards(), _reward_hacking()]
     return {experiment.name: experiment for experiment in found}

@@ -209,3 +209,37 @@ def first_order_entropy_change(logits, new_logits):
     probs = logp.exp()
     entropy = -(probs * logp).sum(dim=-1, keepdim=True)  # (..., 1)
     return -(probs * (logp + entropy) * (new_logits - logits)).sum(dim=-1)
+
+
+def loophole_table(task, prompts, loophole="reuse"):
+    """The flawed verifier against the correct one on every expression of 2 to numbers_per_prompt numbers
+    (repeats allowed) over each prompt's numbers, then EOS, for each of `prompts` (global indices): per prompt, how many
+    each accepts, on average; and how many expressions break the loophole's contract (the flawed verifier
+    rewards less than the correct one, or differs from it on an expression without a repeated number).
+    JSON-ready: {"prompts", "expressions_per_prompt", "correct_per_prompt", "proxy_per_prompt",
+    "proxy_only_per_prompt", "violations"}."""
+    operators = [task.vocab.index(op) for op in task.operators]
+    prompts = list(prompts)
+    width = 2 * task.config.numbers_per_prompt  # the longest expression and its EOS
+    expressions = correct = proxy = violations = 0
+    for prompt in prompts:
+        numbers = task.prompt_numbers(prompt)
+        bodies, repeats = [], []
+        for count in range(2, len(numbers) + 1):
+            for chosen in itertools.product(numbers, repeat=count):
+                for ops in itertools.product(operators, repeat=count - 1):
+                    bodies.append([chosen[0]] + [token for pair in zip(ops, chosen[1:]) for token in pair])
+                    repeats.append(len(set(chosen)) < count)
+        ids = torch.tensor([body + [task.eos_id] * (width - len(body)) for body in bodies])  # (M, R): EOS, PAD
+        real = torch.tensor([[column <= len(body) for column in range(width)] for body in bodies])  # body, EOS
+        owner, cut = torch.full((len(bodies),), prompt), torch.zeros(len(bodies), dtype=torch.bool)
+        true = task.rewards(owner, ids, real, cut)  # (M,)
+        flawed = task.rewards(owner, ids, real, cut, loophole=loophole)
+        repeated = torch.tensor(repeats)
+        expressions += len(bodies)
+        correct += int((true == 1.0).sum())
+        proxy += int((flawed == 1.0).sum())
+        violations += int(((flawed < true) | (~repeated & (flawed != true))).sum())
+    return {"prompts": len(prompts), "expressions_per_prompt": expressions / len(prompts),
+            "correct_per_prompt": correct / len(prompts), "proxy_per_prompt": proxy / len(prompts),
+            "proxy_only_per_prompt": (proxy - correct) / len(prompts), "violations": violations}

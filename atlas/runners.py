@@ -512,6 +512,107 @@ def run_entropy_mechanism(seed, **options):
     return {"metrics": metrics, "curve": curve}
 
 
+def answer_shape(task, tokens, truncated):
+    """The shape of one Countdown response: each digit written "n", each other token as itself, the EOS
+    left out, "..." after a response cut at the cap ("n+n-n", "n+", "n+n+n+n..."). Two responses of one
+    shape differ only in the numbers they write."""
+    body = [token for token in tokens if token != task.eos_id]
+    shape = "".join("n" if token <= 9 else task.vocab[token] for token in body)  # digit d has id d
+    return shape + ("..." if truncated else "")
+
+
+def answer_pattern(task, tokens, truncated):
+    """A response's opening, the shape up to its first operator: "n+" (a sum first), "n-" (a difference
+    first), or the whole shape of one without an operator ("n", "n..."). The SFT start of the lab writes
+    "n+" in about two responses of three: a frequent pattern that many shapes share."""
+    return answer_shape(task, tokens, truncated)[:2]
+
+
+def patterns_of(task, completion_ids, real, truncated):
+    """The `answer_pattern` of every response of a batch: completion_ids (N, R), real (N, R), truncated (N,)."""
+    return [answer_pattern(task, ids[:kept], cut) for ids, kept, cut in zip(
+        completion_ids.tolist(), real.sum(dim=1).tolist(), truncated.tolist())]
+
+
+def test_patterns(state, samples, generator):
+    """The `answer_pattern` of `samples` responses to every test prompt (prompt-major), sampled by the run's
+    current policy from `generator`."""
+    prompts = state.task.split_prompts("test").repeat_interleave(samples)  # (P,) -> (P*S,)
+    drawn = state.policy.sample(prompts, generator)
+    return patterns_of(state.task, drawn.completion_ids, drawn.real, drawn.truncated)
+
+
+def share_of(patterns, pattern):
+    return sum(item == pattern for item in patterns) / len(patterns)
+
+
+@runner(trains=True, transformer=True)
+def run_spurious(seed, pattern_samples=8, **options):
+    """A transformer run (a random reward, say) that measures the SFT start's most frequent answer pattern
+    (`answer_pattern`) among `pattern_samples` sampled responses per test prompt, before and after training
+    (the same generator seed both times, apart from the run's), and its share in every training batch.
+    Metrics: run_online's, the top pattern's share before and after and the change, the exact test success
+    before and after (the pattern itself, a string, stays out of the table: "n+" in every committed run);
+    curve: the share per batch, the exact test success, the clip fraction."""
+    state = online_tokens.setup(seed=seed, **TRANSFORMER, **options)
+    before = test_patterns(state, pattern_samples, torch.Generator().manual_seed(seed))
+    counts = {}
+    for pattern in before:  # the first of the most frequent in the order drawn: deterministic
+        counts[pattern] = counts.get(pattern, 0) + 1
+    top = max(counts, key=counts.get)
+    curve = []
+
+    def observe(state, batch, credit, row):
+        patterns = patterns_of(state.task, batch.completion_ids, batch.real, batch.truncated)
+        curve.append({"step": row["step"], "pattern_share": share_of(patterns, top),
+                      "test_success_probability": row["test_success_probability"],
+                      "clip_fraction": row["clip_fraction"]})
+
+    rows, _ = online_tokens.run(state, observe=observe)
+    after = test_patterns(state, pattern_samples, torch.Generator().manual_seed(seed))
+    metrics = online_metrics(rows)
+    metrics.update({
+        "pattern_share_before": share_of(before, top),
+        "pattern_share_after": share_of(after, top),
+        "pattern_share_change": share_of(after, top) - share_of(before, top),
+        "initial_test_success_probability": rows[0]["test_success_probability"],
+        "final_test_success_probability": rows[-1]["test_success_probability"],
+        "test_success_change": rows[-1]["test_success_probability"] - rows[0]["test_success_probability"],
+    })
+    curve.insert(0, {"step": 0, "pattern_share": None,
+                     "test_success_probability": rows[0]["test_success_probability"], "clip_fraction": None})
+    return {"metrics": metrics, "curve": curve}
+
+
+@runner(trains=True, transformer=True)
+def run_reward_hacking(seed, window=LAST, **options):
+    """A transformer run on a flawed verifier's reward (verifier_loophole): per batch, the mean proxy
+    reward (trained on) and the true one (the correct verifier) and their gap, against the batch's KL to
+    the reference. Metrics: run_online's, each mean over the first and the last `window` iterations
+    (_head, _tail), the gap's growth (tail minus head) and the final exact train and test success."""
+    state = online_tokens.setup(seed=seed, **TRANSFORMER, **options)
+    rows, _ = online_tokens.run(state)
+    trained = rows[1:]  # row 0 samples nothing
+
+    def mean(column, part):
+        return math.fsum(row[column] for row in part) / len(part)
+
+    metrics = online_metrics(rows)
+    for name, part in (("head", trained[:window]), ("tail", trained[-window:])):
+        metrics[f"proxy_reward_{name}"] = mean("proxy_reward_mean", part)
+        metrics[f"true_reward_{name}"] = mean("true_reward_mean", part)
+        metrics[f"reward_gap_{name}"] = metrics[f"proxy_reward_{name}"] - metrics[f"true_reward_{name}"]
+        metrics[f"kl_{name}"] = mean("kl_reference", part)
+    metrics["reward_gap_growth"] = metrics["reward_gap_tail"] - metrics["reward_gap_head"]
+    metrics["final_test_success_probability"] = rows[-1]["test_success_probability"]
+    curve = [{"step": row["step"], "kl_reference": row["kl_reference"] if index else None,
+              **{name: row[name] if index else None for name in ("proxy_reward_mean", "true_reward_mean")},
+              "reward_gap": row["proxy_reward_mean"] - row["true_reward_mean"] if index else None,
+              "success_probability": row["success_probability"]}
+             for index, row in enumerate(rows)]
+    return {"metrics": metrics, "curve": curve}
+
+
 @runner(trains=True, transformer=True)
 def run_dpo_displacement(seed, **options):
     """A transformer DPO run (offline pairs unless said otherwise) that follows its pairs: after each update,
