@@ -1181,7 +1181,12 @@ def _panel_curves(axis, panel, curves, configurations, styles):
             style = dict(styles[name])
             if len(columns) > 1:
                 style["linestyle"] = DASHES[column_index % len(DASHES)]
-            if len(columns) == 1:  # with two columns (solid and dashed) the bands would hide the lines
+            if any(later < earlier for earlier, later in zip(xs, xs[1:])):  # an x that goes back and forth
+                # (e.g. a KL): a band over it would be a tangle; each seed's point at each step shows the spread
+                axis.scatter([x for step in steps for x, _ in points[step]],
+                             [y for step in steps for _, y in points[step]], s=5, color=style["color"], alpha=0.3,
+                             linewidths=0)
+            elif len(columns) == 1:  # with two columns (solid and dashed) the bands would hide the lines
                 axis.fill_between(xs, [min(values) for values in ys], [max(values) for values in ys],
                                   color=style["color"], alpha=0.13, linewidth=0)
             axis.plot(xs, [sum(values) / len(values) for values in ys], linewidth=1.6, **style)
