@@ -82,9 +82,9 @@ class SFTConfig:
     # the data
     demonstrations: int = setting(20_000, "demonstrations drawn from the task's train prompts (mostly correct, "
                                   "some imperfect: the task's imperfect_share)", low=1, high=1_000_000)
-    subtraction_share: float = setting(None, "share of the correct demonstrations that use a subtraction (the "
-                                       "solution family of `subtraction_demonstrations`); off: each prompt's "
-                                       "solutions drawn uniformly (the task's own demonstrations)", low=0.0, high=1.0,
+    subtraction_share: float = setting(None, "share of the correct demonstrations that use a subtraction (a "
+                                       "'-' among their operators); off: each prompt's solutions drawn uniformly "
+                                       "(the task's own demonstrations)", low=0.0, high=1.0,
                                        optional=True)
     # the optimization
     steps: int = setting(1500, "Adam steps (0: the random initialization, untrained)", low=0, high=100_000)
