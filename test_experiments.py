@@ -534,8 +534,9 @@ class MechanismsAtReducedSize(unittest.TestCase):
             paths = []
             for solution in task.solutions(prompt):
                 ids, attention, completion = sft.pair_batch(task, [prompt], [solution])
-                paths.append((math.exp(float(completion_log_probs(model, ids, attention, completion).sum())),
-                              task.vocab.index("-") in solution))
+                with torch.no_grad():
+                    log_prob = float(completion_log_probs(model, ids, attention, completion).sum())
+                paths.append((math.exp(log_prob), task.vocab.index("-") in solution))
             success.append(math.fsum(p for p, _ in paths))
             subtracting.append(math.fsum(p for p, minus in paths if minus))
             family.append(all(minus for _, minus in paths))
