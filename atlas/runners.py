@@ -701,8 +701,8 @@ def family_evaluation(model, task, prompts):
     set of prompts with pass@256 >= COVERED."""
     probabilities = solution_probabilities(model, task, prompts)
     success = [math.fsum(row) for row in probabilities]
-    subtracting = [math.fsum(p for p, solution in zip(row, task.solutions(prompt)) if sft.uses_subtraction(task, solution))
-                   for row, prompt in zip(probabilities, prompts)]
+    subtracting = [math.fsum(p for p, solution in zip(row, task.solutions(prompt))
+                             if sft.uses_subtraction(task, solution)) for row, prompt in zip(probabilities, prompts)]
     family = [all(sft.uses_subtraction(task, solution) for solution in task.solutions(prompt)) for prompt in prompts]
     metrics = {}
     for group, members in (("family", [i for i, f in enumerate(family) if f]),
@@ -730,8 +730,9 @@ def transformer_run_from(model, seed, **options):
         cfg=cfg, task=task, policy=policy, reference=policy.snapshot(), algorithm=algorithm,
         optimizer=torch.optim.Adam(policy.parameters() + algorithm.parameters(), lr=cfg.learning_rate),
         generator=generator,
-        evaluation={split: online_tokens.solution_batch(task, online_tokens.evaluated_prompts(task, split, cfg.eval_prompts),
-                                                        cfg.max_new_tokens) for split in ("train", "test")},
+        evaluation={split: online_tokens.solution_batch(
+            task, online_tokens.evaluated_prompts(task, split, cfg.eval_prompts), cfg.max_new_tokens)
+            for split in ("train", "test")},
         columns=online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS + algorithm.extra_columns)
 
 
