@@ -82,6 +82,10 @@ class SFTConfig:
     # the data
     demonstrations: int = setting(20_000, "demonstrations drawn from the task's train prompts (mostly correct, "
                                   "some imperfect: the task's imperfect_share)", low=1, high=1_000_000)
+    subtraction_share: float = setting(None, "share of the correct demonstrations that use a subtraction (a "
+                                       "'-' among their operators); off: each prompt's solutions drawn uniformly "
+                                       "(the task's own demonstrations)", low=0.0, high=1.0,
+                                       optional=True)
     # the optimization
     steps: int = setting(1500, "Adam steps (0: the random initialization, untrained)", low=0, high=100_000)
     batch_size: int = setting(64, "demonstrations per step (drawn as shuffled passes over the set)",
@@ -183,6 +187,15 @@ MODEL_FILE, CONFIG_FILE, REPORT_FILE = "model.pt", "config.json", "report.json"
 KEY_LENGTH = 12  # hex digits of the cache key: 48 bits, no collision among any realistic number of settings
 PASS_KS = (1, 4, 16, 64)
 DEFAULT_BATCH_ROWS = 4096  # sequences per forward pass in the evaluation: about 20 MB of activations
+
+
+def settings_of(config):
+    """The SFT settings as a JSON-ready dict, without subtraction_share when it is off: a setting added
+    after the cache existed stays out of the key of every model that does not use it, so those keep theirs."""
+    settings = dataclasses.asdict(config)
+    if settings["subtraction_share"] is None:
+        del settings["subtraction_share"]
+    return settings
 
 
 def _check_task(task):
@@ -348,6 +361,48 @@ def _demonstration_summary(task, pairs):
             "completion_tokens": sum(len(response) for _, response in pairs)}
 
 
+def uses_subtraction(task, response):
+    """True when the response (token ids) holds the operator '-': the solution family of the option
+    subtraction_share. A prompt needs the family when every one of its solutions is in it."""
+    return task.vocab.index("-") in response
+
+
+def subtraction_demonstrations(task, pairs, share, generator):
+    """The demonstrations `pairs` (task.demonstrations) with each correct one redrawn so that a share
+    `share` of them use a subtraction (`uses_subtraction`), in expectation; imperfect ones are kept.
+
+    Per correct demonstration, three float64 draws (u_side, u_prompt, u_choice) from one
+    torch.rand((count, 3), generator): the side is the family when u_side < share, else the solutions
+    without a subtraction; when its prompt has a solution on that side, one of them is drawn
+    (item int(u_choice * n) of n), otherwise the prompt is redrawn among the train prompts that have one
+    (item int(u_prompt * m) of m) first. With share 0 no correct demonstration uses a subtraction, so the
+    prompts that need one never get a correct demonstration; the imperfect ones (wrong values, malformed,
+    overlong) still show the operator. Raises ValueError naming the argument.
+    """
+    _check_task(task)
+    share = check_real("share", share, low=0.0, high=1.0)
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+    sides = {}  # prompt -> (solutions without a subtraction, solutions with one)
+    for prompt in task.split_prompts("train").tolist():
+        solutions = task.solutions(prompt)
+        sides[prompt] = (tuple(s for s in solutions if not uses_subtraction(task, s)),
+                         tuple(s for s in solutions if uses_subtraction(task, s)))
+    holders = [[prompt for prompt, pair in sides.items() if pair[side]] for side in (0, 1)]  # per side
+    draws = torch.rand((len(pairs), 3), generator=generator, dtype=torch.float64).tolist()
+    redrawn = []
+    for (prompt, response), (u_side, u_prompt, u_choice) in zip(pairs, draws):
+        if response not in task.solutions(prompt):  # imperfect: kept as the task drew it
+            redrawn.append((prompt, response))
+            continue
+        side = 1 if u_side < share else 0
+        if not sides[prompt][side]:
+            prompt = holders[side][int(u_prompt * len(holders[side]))]
+        candidates = sides[prompt][side]
+        redrawn.append((prompt, candidates[int(u_choice * len(candidates))]))
+    return redrawn
+
+
 @training_mode()  # it calls backward(), whatever the caller's grad mode
 def train_sft(task, config, progress=None):
     """Train a TinyLM on the task's demonstrations; return (model, report).
@@ -376,6 +431,8 @@ def train_sft(task, config, progress=None):
     with torch_threads(1):
         generator = torch.Generator().manual_seed(config.seed)
         pairs = task.demonstrations(config.demonstrations, generator)
+        if config.subtraction_share is not None:
+            pairs = subtraction_demonstrations(task, pairs, config.subtraction_share, generator)
         model = TinyLM(model_config, generator=generator).to(DTYPE)
         input_ids, attention_mask, completion_mask = pair_batch(task, *zip(*pairs))  # (M, T) each
         fixed = slice(0, LOSS_ROWS)
@@ -415,7 +472,7 @@ def train_sft(task, config, progress=None):
         model.eval()
         final_loss = _dataset_loss(model, input_ids[fixed], attention_mask[fixed], completion_mask[fixed])
     report = {
-        "settings": dataclasses.asdict(config),
+        "settings": settings_of(config),
         "task": task.settings(),
         "model": {"config": dataclasses.asdict(model_config), "parameters": model.num_parameters(),
                   "dtype": dtype_name(DTYPE)},
@@ -447,7 +504,7 @@ def _sha256(data):
 def _key_inputs(task, config):
     """Everything an SFT model depends on, JSON-ready: the cache format, the task's settings (its config
     and what it derives), the SFT settings, the model's config, the optimizer's constants, torch's version."""
-    return {"format": CACHE_FORMAT, "task": task.settings(), "sft": dataclasses.asdict(config),
+    return {"format": CACHE_FORMAT, "task": task.settings(), "sft": settings_of(config),
             "model": dataclasses.asdict(config.model_config(task)),
             "optimizer": {"betas": list(ADAM_BETAS), "eps": ADAM_EPS}, "dtype": dtype_name(DTYPE),
             "torch": torch.__version__}
@@ -787,7 +844,7 @@ def main(argv=None):
     evaluated = time.perf_counter() - started - trained
     document = {
         "task": dataclasses.asdict(task.config),
-        "sft": {"folder": os.path.basename(folder), "settings": dataclasses.asdict(config),
+        "sft": {"folder": os.path.basename(folder), "settings": settings_of(config),
                 "parameters": report["model"]["parameters"], "loss": report["loss"],
                 "demonstrations": report["demonstrations"]},
         "evaluation_settings": {"samples": args.samples, "ks": list(ks), "eval_seed": args.eval_seed,

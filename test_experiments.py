@@ -29,9 +29,11 @@ import online_settings
 import online_tokens
 import plot_results
 import rl_lab
+import sft
 from atlas import catalog, claims, engine, exact as enumeration, runners, stats
 from policies import TablePolicy, logps_of_tokens
 from tasks import countdown_task
+from tiny_lm import TinyLM, completion_log_probs
 from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -521,6 +523,40 @@ class MechanismsAtReducedSize(unittest.TestCase):
             self.assertEqual(still[f"test_{key}_after"], still[f"test_{key}_before"], key)
         self.assertGreater(still["test_entropy_per_token_before"], 0.0)
 
+    def test_discover_or_sharpen_measures_pass_at_k_and_the_family_as_a_slow_reference_does(self):
+        task = countdown_task(8)
+        config = sft.SFTConfig(n_layer=1, n_head=2, d_model=16).model_config(task)
+        model = TinyLM(config, generator=torch.Generator().manual_seed(0)).eval()  # random: every p is small
+        prompts = task.split_prompts("test")[:12].tolist()
+        metrics, covered = runners.family_evaluation(model, task, prompts)
+        success, subtracting, family = [], [], []
+        for prompt in prompts:  # one (prompt, solution) pair per forward pass
+            paths = []
+            for solution in task.solutions(prompt):
+                ids, attention, completion = sft.pair_batch(task, [prompt], [solution])
+                with torch.no_grad():
+                    log_prob = float(completion_log_probs(model, ids, attention, completion).sum())
+                paths.append((math.exp(log_prob), task.vocab.index("-") in solution))
+            success.append(math.fsum(p for p, _ in paths))
+            subtracting.append(math.fsum(p for p, minus in paths if minus))
+            family.append(all(minus for _, minus in paths))
+        self.assertTrue(any(family) and not all(family))
+        for group, members in (("family", [p for p, f in zip(success, family) if f]),
+                               ("other", [p for p, f in zip(success, family) if not f])):
+            for k in runners.DISCOVERY_KS:
+                self.assertAlmostEqual(metrics[f"{group}_pass@{k}"],
+                                       statistics.fmean(1 - (1 - p) ** k for p in members), delta=1e-6)
+        self.assertAlmostEqual(metrics["family_share"], math.fsum(subtracting) / math.fsum(success), delta=1e-6)
+        self.assertEqual(covered, {prompt for prompt, p in zip(prompts, success) if 1 - (1 - p) ** 256 >= 0.5})
+        self.assertEqual(metrics["covered"], len(covered))
+        # a run at quick size: its changes are after - before, and the covered sets move by gained - lost
+        quick = engine.at_quick_size(catalog.experiments()["discover-or-sharpen"]).configurations[1][2]
+        result = runners.run_discover_or_sharpen(0, **quick)["metrics"]
+        for name in metrics:
+            self.assertEqual(result[f"{name}_change"], result[f"{name}_after"] - result[f"{name}_before"])
+        self.assertEqual(result["covered_after"] - result["covered_before"], result["gained"] - result["lost"])
+        self.assertEqual(quick["subtraction_share"], 0.03)
+
     def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
         # the cheapest experiment of each runner, run as the program runs them (two workers); every other
         # experiment is checked without a run, against its committed runs (CommittedAtlas)
@@ -559,7 +595,8 @@ class MechanismsAtReducedSize(unittest.TestCase):
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
-                     "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking")
+                     "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking",
+                     "discover-or-sharpen")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -603,7 +640,7 @@ def assert_options_are_settings(test, runner, options):
     passed = bound.arguments.get("options", {})
     if runner in ONLINE_RUNNERS:
         online_settings.resolve(dict(passed))
-    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking"):
+    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking", "run_discover_or_sharpen"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})

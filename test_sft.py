@@ -300,7 +300,9 @@ class Cache(unittest.TestCase):
             self.assertTrue(lines[0].startswith(f"sft: training into {folder}"))
             recorded = json.loads(file_bytes(os.path.join(folder, "config.json")))
             self.assertEqual(recorded["model_config"], dataclasses.asdict(TINY.model_config(SMALL_TASK)))
-            self.assertEqual(recorded["key_inputs"]["sft"], dataclasses.asdict(TINY))
+            self.assertEqual(recorded["key_inputs"]["sft"], sft.settings_of(TINY))
+            # a model without the subtraction option keeps the key it had before the option existed
+            self.assertEqual(set(dataclasses.asdict(TINY)) - set(recorded["key_inputs"]["sft"]), {"subtraction_share"})
             self.assertEqual(recorded["key_inputs"]["torch"], torch.__version__)
             self.assertEqual(file_bytes(os.path.join(folder, "model.pt")), state_bytes(model))
             with mock.patch.object(sft, "train_sft", side_effect=AssertionError("trained again")):
@@ -383,6 +385,51 @@ class Cache(unittest.TestCase):
 # ---------------------------------------------------------------------------------------------
 # Evaluation
 # ---------------------------------------------------------------------------------------------
+
+
+class SubtractionShare(unittest.TestCase):
+    """sft.subtraction_demonstrations: the correct demonstrations redrawn so a chosen share subtracts."""
+
+    def draw(self, share, count=2000):
+        generator = torch.Generator().manual_seed(0)
+        pairs = SMALL_TASK.demonstrations(count, generator)
+        return pairs, sft.subtraction_demonstrations(SMALL_TASK, pairs, share, generator)
+
+    def test_the_share_of_subtracting_correct_demonstrations_is_the_setting(self):
+        minus = SMALL_TASK.vocab.index("-")
+        for share in (0.0, 0.25, 1.0):
+            with self.subTest(share=share):
+                pairs, redrawn = self.draw(share)
+                self.assertEqual(len(redrawn), len(pairs))
+                correct = [(prompt, response) for prompt, response in redrawn
+                           if response in SMALL_TASK.solutions(prompt)]
+                kept = [(prompt, response) for prompt, response in pairs if response in SMALL_TASK.solutions(prompt)]
+                self.assertEqual(len(correct), len(kept))  # a correct demonstration stays a correct one
+                subtracting = sum(minus in response for _, response in correct) / len(correct)
+                # binomial: 3 standard errors of about 1600 draws is under 0.035
+                self.assertLess(abs(subtracting - share), 0.035)
+                self.assertTrue(all(prompt in SMALL_TASK.split_prompts("train").tolist() for prompt, _ in redrawn))
+                # the imperfect demonstrations are the task's own, in their places
+                self.assertEqual([pair for pair in redrawn if pair[1] not in SMALL_TASK.solutions(pair[0])],
+                                 [pair for pair in pairs if pair[1] not in SMALL_TASK.solutions(pair[0])])
+
+    def test_absent_leaves_the_prompts_that_need_a_subtraction_without_a_correct_demonstration(self):
+        _, redrawn = self.draw(0.0)
+        needing = {prompt for prompt in SMALL_TASK.split_prompts("train").tolist()
+                   if all(sft.uses_subtraction(SMALL_TASK, s) for s in SMALL_TASK.solutions(prompt))}
+        self.assertTrue(needing)
+        self.assertFalse([prompt for prompt, response in redrawn
+                          if prompt in needing and response in SMALL_TASK.solutions(prompt)])
+
+    def test_the_option_has_its_own_cache_key_and_a_deterministic_draw(self):
+        keys = {sft.cache_key(SMALL_TASK, dataclasses.replace(TINY, subtraction_share=share)) for share in (0.0, 0.5)}
+        keys.add(sft.cache_key(SMALL_TASK, TINY))
+        self.assertEqual(len(keys), 3)
+        self.assertEqual(self.draw(0.5)[1], self.draw(0.5)[1])
+        self.assertTrue(sft.uses_subtraction(SMALL_TASK, tuple(SMALL_TASK.encode("3-1EOS"))))
+        self.assertFalse(sft.uses_subtraction(SMALL_TASK, tuple(SMALL_TASK.encode("3+1EOS"))))
+        with self.assertRaisesRegex(ValueError, "^share"):
+            sft.subtraction_demonstrations(SMALL_TASK, [], 1.5, torch.Generator())
 
 
 class ExactSuccess(unittest.TestCase):

@@ -14,12 +14,16 @@ import online_tokens
 import policies
 import ppo_chain
 import rl_lab
+import sft
 from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, first_order_entropy_change,
                          policy_gradient_bias, reward_distribution)
-from online_algorithms import differing_positions
-from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET
+from online_algorithms import FAMILIES, differing_positions
+from online_registry import family_of
+from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET, resolve
 from policies import logps_of_tokens
 from rl_lab import DTYPE
+from tasks import TASKS
+from tiny_lm import completion_log_probs
 
 # TARGET: "learned", an exact success probability (online) or best-action probability (bandit) at least
 # this; LAST: the iterations averaged for end-of-run statistics. Both are the online comparison's own.
@@ -658,3 +662,101 @@ def run_dpo_displacement(seed, **options):
     for point, row in zip(curve, rows):
         point["test_success_probability"] = row["test_success_probability"]
     return {"metrics": metrics, "curve": curve}
+
+
+# discover-or-sharpen: RL from SFT starts whose demonstrations hold the subtraction family at a chosen share
+DISCOVERY_KS = (1, 16, 256)  # pass@k exactly, 1 - (1 - p)^k: 256 is "large k" (Yue et al. sample up to 256)
+COVERED = 0.5  # a test prompt is covered at k when pass@k >= this (more likely solved than not in k samples)
+
+
+@torch.no_grad()
+def solution_probabilities(model, task, prompts):
+    """Per prompt of `prompts` (global indices), the exact probability of each of its solutions under
+    `model` at temperature 1: a list of lists of floats, in task.solutions order. Teacher forcing, as
+    sft.exact_success, whose per-prompt sums these are."""
+    pairs = [(prompt, solution) for prompt in prompts for solution in task.solutions(prompt)]
+    ids, attention, completion = sft.pair_batch(task, [prompt for prompt, _ in pairs],
+                                                [solution for _, solution in pairs])
+    was_training = model.training
+    model.eval()
+    try:
+        log_probs = completion_log_probs(model, ids, attention, completion)  # (N, T-1), 0 off the completion
+    finally:
+        model.train(was_training)
+    flat = log_probs.double().sum(dim=1).exp().tolist()  # (N,) one per (prompt, solution) pair
+    result, start = [], 0
+    for prompt in prompts:
+        count = len(task.solutions(prompt))
+        result.append(flat[start:start + count])
+        start += count
+    return result
+
+
+def family_evaluation(model, task, prompts):
+    """What the model can sample on the test `prompts`, exactly: per prompt its success p (pass@1) and
+    pass@k = 1 - (1 - p)^k for k in DISCOVERY_KS (the probability that k independent samples hold a
+    correct one), and the probability of a correct answer that uses a subtraction. Returns
+    (metrics, covered): metrics over the family's prompts (those whose every solution subtracts) and the
+    others, and the family's share of the correct answers' probability over every prompt; covered: the
+    set of prompts with pass@256 >= COVERED."""
+    probabilities = solution_probabilities(model, task, prompts)
+    success = [math.fsum(row) for row in probabilities]
+    subtracting = [math.fsum(p for p, solution in zip(row, task.solutions(prompt))
+                             if sft.uses_subtraction(task, solution)) for row, prompt in zip(probabilities, prompts)]
+    family = [all(sft.uses_subtraction(task, solution) for solution in task.solutions(prompt)) for prompt in prompts]
+    metrics = {}
+    for group, members in (("family", [i for i, f in enumerate(family) if f]),
+                           ("other", [i for i, f in enumerate(family) if not f])):
+        for k in DISCOVERY_KS:
+            metrics[f"{group}_pass@{k}"] = math.fsum(1.0 - (1.0 - success[i]) ** k for i in members) / len(members)
+    metrics["family_share"] = math.fsum(subtracting) / math.fsum(success)
+    covered = {prompt for prompt, p in zip(prompts, success) if 1.0 - (1.0 - p) ** DISCOVERY_KS[-1] >= COVERED}
+    metrics["covered"] = len(covered)
+    return metrics, covered
+
+
+def transformer_run_from(model, seed, **options):
+    """An online_tokens Run of the transformer policy `model` (its SFT start, trained elsewhere) as
+    online_tokens.setup builds one, whose own start is the default SFT model."""
+    cfg = resolve({"policy": "transformer", "seed": seed, **options})
+    task = TASKS[cfg.task](cfg.max_new_tokens)
+    sampler_dtype = None if cfg.sampler_dtype is None else policies.DTYPES[cfg.sampler_dtype]
+    policy = policies.TransformerPolicy(model.to(policies.DTYPES[cfg.dtype]), task, cfg.temperature,
+                                        cfg.max_new_tokens, sampler_dtype, cfg.use_cache, cfg.position_ids)
+    family = FAMILIES[family_of(cfg.algorithm)]
+    generator = torch.Generator(device=rl_lab.DEVICE).manual_seed(cfg.seed)
+    algorithm = family(cfg, policy.critic(cfg.cap_value) if family.needs_critic else None, generator)
+    return online_tokens.Run(
+        cfg=cfg, task=task, policy=policy, reference=policy.snapshot(), algorithm=algorithm,
+        optimizer=torch.optim.Adam(policy.parameters() + algorithm.parameters(), lr=cfg.learning_rate),
+        generator=generator,
+        evaluation={split: online_tokens.solution_batch(
+            task, online_tokens.evaluated_prompts(task, split, cfg.eval_prompts), cfg.max_new_tokens)
+            for split in ("train", "test")},
+        columns=online_tokens.COLUMNS + online_tokens.TRANSFORMER_COLUMNS + algorithm.extra_columns)
+
+
+@runner(trains=True, transformer=True)
+def run_discover_or_sharpen(seed, subtraction_share, **options):
+    """GRPO (or the algorithm given) on the transformer from the SFT start whose correct demonstrations use a
+    subtraction at `subtraction_share` (sft.subtraction_demonstrations; the start is trained once per share
+    and cached in sft_folder, the same for every seed: the seeds vary the RL run). Metrics, exactly on every
+    test prompt before (the start) and after RL: family_pass@k / other_pass@k, family_share, covered; and
+    gained / lost, the test prompts covered after and not before, and the reverse."""
+    cfg = resolve({"policy": "transformer", **options})
+    task = TASKS[cfg.task](cfg.max_new_tokens)
+    config = sft.SFTConfig(steps=cfg.sft_steps, subtraction_share=subtraction_share)
+    model, _, _ = sft.load_or_train(task, config, cfg.sft_folder)
+    prompts = task.split_prompts("test").tolist()
+    before, covered_before = family_evaluation(model, task, prompts)
+    state = transformer_run_from(model, seed, **options)
+    rows, _ = online_tokens.run(state)
+    after, covered_after = family_evaluation(state.policy.model, task, prompts)
+    metrics = {**online_metrics(rows), **{f"{name}_before": value for name, value in before.items()},
+               **{f"{name}_after": value for name, value in after.items()},
+               "gained": len(covered_after - covered_before), "lost": len(covered_before - covered_after)}
+    for name in before:
+        metrics[f"{name}_change"] = after[name] - before[name]
+    points = [{"step": row["step"], "success_probability": row["success_probability"],
+               "test_success_probability": row["test_success_probability"]} for row in rows]
+    return {"metrics": metrics, "curve": points}
