@@ -688,14 +688,38 @@ class CommittedAtlas(unittest.TestCase):
 # die; the test stops it from outside. Each prints "worker <pid>" when its run starts. The child is forked
 # from this process (lab.testing.ForkedProgram): a process with its own signals, exit status and workers,
 # without the seconds of a fresh interpreter importing torch.
+STALLED = None  # Workers' folder: a stalled worker leaves its pid there once it has said it started
+
+
 def _stall(seed):
     os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
+    open(os.path.join(STALLED, str(os.getpid())), "w").close()
     time.sleep(600)
 
 
 def _killed(seed):
     os.write(1, f"worker {os.getpid()}\n".encode())  # one write: workers share the pipe
+    # the other worker must have said it started before this one dies (else the run may end first, however loaded
+    # the machine): the test reads both lines
+    deadline = time.monotonic() + 60
+    while not any(name.isdigit() and int(name) in _siblings() for name in os.listdir(STALLED)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+
+
+def _siblings():
+    """The pids of the processes that share this worker's parent (the run's other workers)."""
+    parent, pids = os.getppid(), set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii") as handle:
+                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        pids.add(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return pids
 
 
 def _workers_scenario(names):
@@ -708,6 +732,16 @@ def _workers_scenario(names):
 
 class Workers(unittest.TestCase):
     """Every early exit of a run over worker processes ends it at once, with one line, and no worker left."""
+
+    @classmethod
+    def setUpClass(cls):
+        global STALLED
+        cls.stalled = tempfile.TemporaryDirectory(prefix="rl-lab-stalled-")
+        STALLED = cls.stalled.name  # before the children are forked: they read it
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stalled.cleanup()
 
     def start(self, runners):
         child = ForkedProgram(lambda: _workers_scenario(runners.split(",")))
