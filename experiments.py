@@ -58,7 +58,7 @@ from lab.io import (
 # --help and a bad flag or name answer before torch is imported (test_experiments holds them to atlas/).
 NAMES = ("kl-estimators", "reduction-length-bias", "std-scaling", "zero-variance", "clip-higher", "updates-per-batch",
          "sampler-mismatch", "microbatch", "grpo2-vs-dpo", "four-algorithms", "dpo-label-flips", "group-size",
-         "chain-lambda", "reward-shift", "sparse-reward", "passk-narrowing", "sft-vs-rl-generalization",
+         "chain-lambda", "reward-shift", "sparse-reward", "passk-narrowing", "rl-generalization",
          "clip-higher-entropy", "length-growth", "precision-mismatch", "kl-placement", "padding-bug",
          "kl-optimum", "entropy-mechanism", "dpo-displacement", "negative-samples", "spurious-rewards",
          "reward-hacking", "discover-or-sharpen")

@@ -1100,6 +1100,7 @@ LABEL_WORDS = {
     "loss": lambda value: str(value).upper(),
     "epsilon_high": lambda value: f"ε_high {_number_text(value)}",
     "updates_per_batch": lambda value: f"{_number_text(value)} update{'' if value == 1 else 's'} per batch",
+    "learning_rate": lambda value: f"lr {_number_text(value)}",
     "group_size": lambda value: f"group size {_number_text(value)}",
     "dynamic_sampling": _flag("dynamic sampling", "static sampling"),
     "scale_rewards": lambda value: {"none": "no std"}.get(str(value), f"{value} std"),

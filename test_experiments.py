@@ -668,6 +668,24 @@ class CommittedAtlas(unittest.TestCase):
                     for label, runner, options in size.configurations:
                         assert_options_are_settings(self, runner, options)
 
+    def test_the_ablations_of_the_move_per_batch_scale_the_learning_rate_against_the_updates(self):
+        # the policy moves per batch about as far as updates x rate: the ablation keeps the reuse and cuts the
+        # move (8 updates at rate / 8 = 1 update at the default), or cuts the reuse and keeps the move
+        default = online_settings.OnlineConfig().learning_rate
+        self.assertEqual(default, 0.2)
+        for name in ("clip-higher", "updates-per-batch"):
+            with self.subTest(experiment=name):
+                moves = {}
+                for label, runner, options in catalog.experiments()[name].configurations:
+                    rate = options.get("learning_rate", default)
+                    self.assertEqual(label["learning_rate"], rate)  # the label names the rate the run takes
+                    if rate != default:
+                        moves[options["updates_per_batch"]] = options["updates_per_batch"] * rate
+                self.assertEqual(moves, {8: 1 * default, 2: 8 * default})
+        std = {(label["scale_rewards"], label["beta"]): options
+               for label, _, options in catalog.experiments()["std-scaling"].configurations}
+        self.assertEqual(std[("none", 0.0075)], {"scale_rewards": "none", "beta": 0.0075})
+
     def test_the_committed_summaries_are_what_the_code_computes_from_the_committed_runs(self):
         for atlas in ("results-experiments", "results-experiments-start100"):
             for name, experiment in catalog.experiments().items():

@@ -714,8 +714,8 @@ class FiguresSayWhatTheyShow(unittest.TestCase):
         stuck = self.experiment("clip-higher").axes[0]
         ticks = [tick.get_text() for tick in stuck.get_xticklabels()]
         self.assertEqual(len(ticks), 6)
-        first = [float(run["partial_stuck_prompts"]) for run in runs
-                 if run["configuration"] == "loss=grpo epsilon_high=0.2 updates_per_batch=8"]
+        first = [float(run["stuck_prompts"]) for run in runs
+                 if run["configuration"] == "loss=grpo epsilon_high=0.2 updates_per_batch=8 learning_rate=0.2"]
         self.assertEqual(ticks[0].split("\n")[0], "GRPO")
         self.assertIn("8 updates", ticks[0].replace("\n", " "))
         self.assertEqual(ticks[0].split("\n")[-1], f"{sum(first) / len(first):.4g}")
