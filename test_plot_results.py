@@ -19,7 +19,7 @@ import online_tokens
 import plot_results
 import ppo_chain
 import rl_lab
-from lab.testing import HERE, parallel_calls, run_main
+from lab.testing import HERE, run_main
 
 # ---------------------------------------------------------------------------------------------
 # Figures (plot_results.py) and the committed reference results
@@ -72,6 +72,36 @@ def write_online_all(folder):
     return runs
 
 
+_SHARED = {}  # what several tests inspect, made once per test process: the fresh four-algorithm folder, the renders
+
+
+def tearDownModule():
+    if "folder" in _SHARED:
+        _SHARED["folder"].cleanup()
+
+
+def shared_online_all():
+    """(folder, {algorithm: rows}) of one write_online_all into a folder named all, written once per test process
+    for the tests that only read it."""
+    if "online-all" not in _SHARED:
+        _SHARED["folder"] = tempfile.TemporaryDirectory()
+        folder = os.path.join(_SHARED["folder"].name, "all")
+        _SHARED["online-all"] = folder, write_online_all(folder)
+    return _SHARED["online-all"]
+
+
+def shared_render(inputs, extension=".svg"):
+    """(kind, Figure, bytes) of the figure for `inputs` written as .svg or .png by figure_bytes, drawn once per
+    test process (a figure takes 0.4-1 s to draw) and shared by the tests that inspect it: its artists keep the
+    layout of that drawing, so a test reads them (window extents with figure.canvas.get_renderer()) instead of
+    drawing again. The Figure is closed: never drawn or changed by a test."""
+    key = (tuple(inputs), extension)
+    if key not in _SHARED:
+        kind, figure = plot_results.figure_for(list(inputs))
+        _SHARED[key] = kind, figure, plot_results.figure_bytes(figure, extension)
+    return _SHARED[key]
+
+
 def data_lines(axis):
     """The lines of the runs (reference lines and markers have no legend label)."""
     return [line for line in axis.get_lines() if not line.get_label().startswith("_")]
@@ -121,37 +151,52 @@ class Plotter(unittest.TestCase):
         return os.path.join(self.tmp.name, *parts)
 
     def test_renders_every_kind_and_the_svg_is_deterministic(self):
-        write_online_all(self.path("all"))
+        chain = [os.path.join(HERE, "results-chain")]
         cases = [
             ("bandit", [os.path.join(HERE, "results")],
              ["PPO", "DPO", "GRPO", "CISPO", "optimum 1", "uniform start 1/3"]),
-            ("chain", [os.path.join(HERE, "results-chain")], ["Expected return", "V(start)", "gae_lambda=0.95"]),
+            ("chain", chain, ["Expected return", "V(start)", "gae_lambda=0.95"]),
             ("tokens", [os.path.join(HERE, "results-tokens.json")], ["GRPO", "global token", "0.010463"]),
             # labelled by their settings (the algorithm), no longer by the folder names
             ("online", [os.path.join(HERE, "results-online-grpo-sequence"),
                         os.path.join(HERE, "results-online-cispo-sequence")], ["GRPO", "CISPO", "start 0.0535"]),
-            ("online-all", [self.path("all")], ["PPO", "DPO", "GRPO", "CISPO", "target 0.9", "sampled tokens"]),
+            # a fresh run's files, a legend outside, reference labels
+            ("online-all", [shared_online_all()[0]], ["PPO", "DPO", "GRPO", "CISPO", "target 0.9", "sampled tokens"]),
         ]
-        # each kind rendered once, the four-algorithm figure (a fresh run's files, a legend outside, reference
-        # labels) a second time: the SVG's ids and metadata come from one writer, figure_bytes, whatever the
-        # kind; and the chain as a PNG: the format follows the extension (one kind is enough: the same code
-        # path). Every render in a worker process, all of them at once over the machine's cores
-        renders = [(kind, inputs, "1.svg") for kind, inputs, _ in cases] + [
-            ("online-all", [self.path("all")], "2.svg"), ("chain", [os.path.join(HERE, "results-chain")], "1.png")]
-        kinds = parallel_calls([("plot_results", "render", (inputs, self.path(f"{kind}-{copy}")), {})
-                                for kind, inputs, copy in renders])
-        self.assertEqual(kinds, [kind for kind, _, _ in renders])
-        with open(self.path("online-all-1.svg"), "rb") as a, open(self.path("online-all-2.svg"), "rb") as b:
-            self.assertTrue(a.read() == b.read(), "two renders of the same input differ")
-        with open(self.path("chain-1.png"), "rb") as handle:
-            self.assertEqual(handle.read(8), b"\x89PNG\r\n\x1a\n")
+        # each kind drawn once for the process (the tests of its artists inspect the same Figure); the chain as a
+        # PNG too: the format follows the extension (one kind is enough: the same code path)
+        self.assertEqual(shared_render(chain, ".png")[2][:8], b"\x89PNG\r\n\x1a\n")
         for kind, inputs, texts in cases:
             with self.subTest(kind=kind):
-                with open(self.path(f"{kind}-1.svg"), "rb") as handle:
-                    svg = handle.read()
+                drawn, _, svg = shared_render(inputs)
+                self.assertEqual(drawn, kind)
                 self.assertTrue(svg.startswith(b"<?xml"))
                 missing = [text for text in texts if text.encode() not in svg]
                 self.assertEqual(missing, [])
+        # the SVG's ids and metadata come from one writer, figure_bytes, whatever the kind: the chain drawn
+        # again in this process (main, into a long file name) and by a fresh interpreter (with no writable
+        # home) gives the same bytes as the render above
+        self.assertTrue(self.long_name_chain() == shared_render(chain)[2], "two renders of the same input differ")
+        self.homeless_finished()
+        with open(self.home_svg, "rb") as handle:
+            self.assertTrue(handle.read() == shared_render(chain)[2], "a fresh interpreter's render differs")
+
+    def long_name_chain(self):
+        """The bytes of the chain's figure written by main() into a long file name in a missing folder (created,
+        as the drivers do), once per class."""
+        if not hasattr(type(self), "long_name_svg"):
+            long_name = os.path.join(self.home_tmp.name, "new", "y" * 240 + ".svg")
+            code = run_main(plot_results.main, ["--input", os.path.join(HERE, "results-chain"), "--output", long_name])[0]
+            self.assertEqual(code, 0)
+            with open(long_name, "rb") as handle:
+                type(self).long_name_svg = handle.read()
+        return self.long_name_svg
+
+    def homeless_finished(self):
+        """(stdout, stderr) of the fresh interpreter started by setUpClass, once it has ended."""
+        if not hasattr(type(self), "homeless_output"):
+            type(self).homeless_output = self.homeless.communicate(timeout=120)
+        return self.homeless_output
 
     def test_y_range_follows_the_data_for_a_reversed_dpo_run(self):
         out = self.path("flipped")
@@ -231,14 +276,12 @@ class Plotter(unittest.TestCase):
                 self.assertIn(text, stderr)
                 self.assertFalse(os.path.exists(self.path("never")))  # a bad input creates no folder
         chain = os.path.join(HERE, "results-chain")
-        long_name = self.path("new", "y" * 240 + ".svg")  # in a missing folder, created as the drivers do
-        self.assertEqual(run_main(plot_results.main, ["--input", chain, "--output", long_name])[0], 0)
-        self.assertTrue(os.path.isfile(long_name))
+        self.assertTrue(self.long_name_chain().startswith(b"<?xml"))  # a long name, in a missing folder
         code, _, stderr = run_main(plot_results.main, ["--input", chain, "--output", self.path("z" * 300 + ".svg")])
         self.assertEqual((code, "longer than" in stderr), (2, True))
 
     def test_plotter_never_imports_torch_and_stays_quiet_without_a_writable_home(self):
-        stdout, stderr = self.homeless.communicate(timeout=120)
+        stdout, stderr = self.homeless_finished()
         self.assertEqual(stdout.split()[-2:], ["0", "False"], stderr)
         self.assertEqual(stderr, "")
         self.assertTrue(os.path.exists(self.home_svg))
@@ -519,11 +562,13 @@ class PlotterLabelsAndLayout(unittest.TestCase):
                                          {"algorithm": "sapo"}, {"advantage": "rloo"}]):
             folders.append(self.path(f"run{index}"))
             write_online(folders[-1], **options)
-        write_online_all(self.path("all"))
-        for inputs in (folders, [self.path("all")]):
+        for inputs in (folders, [shared_online_all()[0]]):
             with self.subTest(inputs=len(inputs)):
-                _, figure = self.figure(inputs)
-                figure.canvas.draw()
+                if len(inputs) > 1:
+                    _, figure = self.figure(inputs)
+                    figure.canvas.draw()
+                else:  # the four-algorithm figure as test_renders_every_kind_and_the_svg_is_deterministic drew it
+                    _, figure, _ = shared_render(inputs)
                 renderer = figure.canvas.get_renderer()
                 legends = list(figure.legends) + [axis.get_legend() for axis in figure.axes if axis.get_legend()]
                 self.assertEqual(len(legends), 1)
@@ -597,10 +642,10 @@ class PlotterLabelsAndLayout(unittest.TestCase):
         self.assertEqual(len({id(axis) for axis in loss_axes.values()}), 3)
 
     def test_four_algorithm_folder_is_detected_and_drawn_against_sampled_tokens(self):
-        runs = write_online_all(self.path("all"))
-        self.assertEqual(plot_results.detect_kind(self.path("all")), "online-all")
-        self.assertEqual(plot_results.detect_kind(self.path("all", "grpo")), "online")
-        kind, figure = self.figure([self.path("all")])
+        folder, runs = shared_online_all()
+        self.assertEqual(plot_results.detect_kind(folder), "online-all")
+        self.assertEqual(plot_results.detect_kind(os.path.join(folder, "grpo")), "online")
+        kind, figure, _ = shared_render([folder])
         self.assertEqual(kind, "online-all")
         success, kl, failure = figure.axes[:3]
         lines = data_lines(success)
@@ -641,12 +686,12 @@ class PlotterLabelsAndLayout(unittest.TestCase):
         write_chain(self.path("chain"))
         write_bandit(self.path("bandit"), "grpo")
         write_online(self.path("online"))
-        write_online_all(self.path("all"))
+        every = shared_online_all()[0]  # a folder named all
         tokens = os.path.join(HERE, "results-tokens.json")
         cases = [
             ([self.path("bandit"), self.path("chain")], "chain", "one kind"),
-            ([self.path("online"), self.path("all")], "all", "one kind"),
-            ([self.path("all"), tokens], "results-tokens.json", "one kind"),
+            ([self.path("online"), every], "all", "one kind"),
+            ([every, tokens], "results-tokens.json", "one kind"),
             ([self.path("chain"), self.path("chain")], "chain", "given twice"),
             ([tokens, self.path("copy.json")], "copy.json", "one token report"),
         ]
