@@ -90,6 +90,20 @@ def shared_online_all():
     return _SHARED["online-all"]
 
 
+ONLINE_RUNS = ({}, {"reduction": "token"}, {"algorithm": "cispo"}, {"algorithm": "gspo"}, {"algorithm": "sapo"},
+               {"advantage": "rloo"})  # six online runs in one figure: a long legend
+
+
+def shared_online_runs():
+    """[folder] of one write_online per options of ONLINE_RUNS, written once per test process."""
+    if "online" not in _SHARED:
+        root = os.path.dirname(shared_online_all()[0])
+        _SHARED["online"] = [os.path.join(root, f"run{index}") for index in range(len(ONLINE_RUNS))]
+        for folder, options in zip(_SHARED["online"], ONLINE_RUNS):
+            write_online(folder, **options)
+    return _SHARED["online"]
+
+
 def shared_render(inputs, extension=".svg"):
     """(kind, Figure, bytes) of the figure for `inputs` written as .svg or .png by figure_bytes, drawn once per
     test process (a figure takes 0.4-1 s to draw) and shared by the tests that inspect it: its artists keep the
@@ -155,31 +169,36 @@ class Plotter(unittest.TestCase):
         cases = [
             ("bandit", [os.path.join(HERE, "results")],
              ["PPO", "DPO", "GRPO", "CISPO", "optimum 1", "uniform start 1/3"]),
-            ("chain", chain, ["Expected return", "V(start)", "gae_lambda=0.95"]),
             ("tokens", [os.path.join(HERE, "results-tokens.json")], ["GRPO", "global token", "0.010463"]),
-            # labelled by their settings (the algorithm), no longer by the folder names
-            ("online", [os.path.join(HERE, "results-online-grpo-sequence"),
-                        os.path.join(HERE, "results-online-cispo-sequence")], ["GRPO", "CISPO", "start 0.0535"]),
+            # labelled by their settings (the algorithm), never by the folder names (run0 ... run5)
+            ("online", shared_online_runs(), ["GRPO", "CISPO", "GSPO", "SAPO", "advantage=rloo", "start 0.0535"]),
             # a fresh run's files, a legend outside, reference labels
             ("online-all", [shared_online_all()[0]], ["PPO", "DPO", "GRPO", "CISPO", "target 0.9", "sampled tokens"]),
         ]
         # each kind drawn once for the process (the tests of its artists inspect the same Figure); the chain as a
         # PNG too: the format follows the extension (one kind is enough: the same code path)
         self.assertEqual(shared_render(chain, ".png")[2][:8], b"\x89PNG\r\n\x1a\n")
-        for kind, inputs, texts in cases:
+        for kind, inputs, texts in cases + [("chain", chain, ["Expected return", "V(start)", "gae_lambda=0.95"])]:
             with self.subTest(kind=kind):
-                drawn, _, svg = shared_render(inputs)
+                if kind == "chain":  # the chain's SVG as main wrote it into a long file name
+                    drawn, svg = plot_results.detect_kind(chain[0]), self.long_name_chain()
+                else:
+                    drawn, _, svg = shared_render(inputs)
                 self.assertEqual(drawn, kind)
                 self.assertTrue(svg.startswith(b"<?xml"))
                 missing = [text for text in texts if text.encode() not in svg]
                 self.assertEqual(missing, [])
-        # the SVG's ids and metadata come from one writer, figure_bytes, whatever the kind: the chain drawn
-        # again in this process (main, into a long file name) and by a fresh interpreter (with no writable
-        # home) gives the same bytes as the render above
-        self.assertTrue(self.long_name_chain() == shared_render(chain)[2], "two renders of the same input differ")
+        # the committed online runs too, labelled GRPO and CISPO (built, not drawn: the six runs above are)
+        kind, figure = plot_results.figure_for([os.path.join(HERE, "results-online-grpo-sequence"),
+                                                os.path.join(HERE, "results-online-cispo-sequence")])
+        self.addCleanup(plot_results.plt.close, figure)
+        self.assertEqual((kind, [line.get_label() for line in data_lines(figure.axes[0])]), ("online", ["GRPO", "CISPO"]))
+        self.assertIn("start 0.0535", reference_labels(figure.axes[0]))
+        # the SVG's ids and metadata come from one writer, figure_bytes, whatever the kind: the chain drawn by
+        # a fresh interpreter (with no writable home) gives the bytes main wrote in this process
         self.homeless_finished()
         with open(self.home_svg, "rb") as handle:
-            self.assertTrue(handle.read() == shared_render(chain)[2], "a fresh interpreter's render differs")
+            self.assertTrue(handle.read() == self.long_name_chain(), "two renders of the same input differ")
 
     def long_name_chain(self):
         """The bytes of the chain's figure written by main() into a long file name in a missing folder (created,
@@ -557,18 +576,10 @@ class PlotterLabelsAndLayout(unittest.TestCase):
         self.assertEqual(list(data_lines(sampled)[0].get_ydata()), [row["success_rate"] for row in rows[1:]])
 
     def test_no_legend_covers_an_axes_in_the_online_and_four_algorithm_figures(self):
-        folders = []
-        for index, options in enumerate([{}, {"reduction": "token"}, {"algorithm": "cispo"}, {"algorithm": "gspo"},
-                                         {"algorithm": "sapo"}, {"advantage": "rloo"}]):
-            folders.append(self.path(f"run{index}"))
-            write_online(folders[-1], **options)
-        for inputs in (folders, [shared_online_all()[0]]):
+        for inputs in (shared_online_runs(), [shared_online_all()[0]]):
             with self.subTest(inputs=len(inputs)):
-                if len(inputs) > 1:
-                    _, figure = self.figure(inputs)
-                    figure.canvas.draw()
-                else:  # the four-algorithm figure as test_renders_every_kind_and_the_svg_is_deterministic drew it
-                    _, figure, _ = shared_render(inputs)
+                # the figure as test_renders_every_kind_and_the_svg_is_deterministic drew it (its layout is done)
+                _, figure, _ = shared_render(inputs)
                 renderer = figure.canvas.get_renderer()
                 legends = list(figure.legends) + [axis.get_legend() for axis in figure.axes if axis.get_legend()]
                 self.assertEqual(len(legends), 1)
