@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 import unittest
+from unittest import mock
 
 import make_docs
 from atlas import claims
@@ -34,6 +35,19 @@ def rendered():
 def read(path):
     with open(path, encoding="utf-8") as handle:
         return handle.read()
+
+
+def rendered_for_an_unchanged_copy():
+    """A patch of make_docs.render_all for main() over a copy_of_the_lab() without `replace` (its templates and
+    results are the lab's, through links): its pages are rendered(), computed once per test process. A root
+    whose templates or results are not the lab's is refused."""
+    def render_all(root=HERE):
+        for name in (make_docs.TEMPLATES, "results", make_docs.ATLAS):
+            if os.path.realpath(os.path.join(root, name)) != os.path.realpath(os.path.join(HERE, name)):
+                raise AssertionError(f"{root}: {name} is not the lab's, so its pages are not rendered()")
+        return dict(rendered())
+
+    return mock.patch.object(make_docs, "render_all", render_all)
 
 
 @contextlib.contextmanager
@@ -80,7 +94,8 @@ class CommittedPages(unittest.TestCase):
             problem = make_docs.first_difference(rendered(), root)
             self.assertIsNotNone(problem)
             self.assertTrue(problem.startswith(f"docs/bandit.md line {line} differs"), problem)
-            code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), ["--check"])
+            with rendered_for_an_unchanged_copy():  # only a page was edited
+                code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), ["--check"])
             self.assertEqual((code, stdout), (1, ""))
             self.assertEqual(len(stderr.splitlines()), 1, stderr)
             self.assertIn(f"docs/bandit.md line {line}", stderr)
@@ -168,10 +183,11 @@ class CommittedPages(unittest.TestCase):
             os.remove(os.path.join(root, "docs", "chain.md"))
             os.mkdir(os.path.join(root, "docs", "chain.md"))  # a rendered page's place taken by a folder
             os.symlink(os.devnull, os.path.join(root, "docs", "extra.md"))  # an unrendered page that is a link
-            code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), ["--check"])
-            self.assertEqual((code, stdout), (1, ""))
-            self.assertIn("docs/chain.md is not a regular file", stderr)
-            code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), [])
+            with rendered_for_an_unchanged_copy():  # only the pages' places were changed
+                code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), ["--check"])
+                self.assertEqual((code, stdout), (1, ""))
+                self.assertIn("docs/chain.md is not a regular file", stderr)
+                code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), [])
             self.assertEqual((code, stdout), (1, ""))
             self.assertIn("is not a regular file (a link, folder or device): it is never replaced nor removed", stderr)
             self.assertTrue(os.path.isdir(os.path.join(root, "docs", "chain.md")))
