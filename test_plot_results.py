@@ -192,7 +192,8 @@ class Plotter(unittest.TestCase):
         kind, figure = plot_results.figure_for([os.path.join(HERE, "results-online-grpo-sequence"),
                                                 os.path.join(HERE, "results-online-cispo-sequence")])
         self.addCleanup(plot_results.plt.close, figure)
-        self.assertEqual((kind, [line.get_label() for line in data_lines(figure.axes[0])]), ("online", ["GRPO", "CISPO"]))
+        labels = [line.get_label() for line in data_lines(figure.axes[0])]
+        self.assertEqual((kind, labels), ("online", ["GRPO", "CISPO"]))
         self.assertIn("start 0.0535", reference_labels(figure.axes[0]))
         # the SVG's ids and metadata come from one writer, figure_bytes, whatever the kind: the chain drawn by
         # a fresh interpreter (with no writable home) gives the bytes main wrote in this process
@@ -205,8 +206,8 @@ class Plotter(unittest.TestCase):
         as the drivers do), once per class."""
         if not hasattr(type(self), "long_name_svg"):
             long_name = os.path.join(self.home_tmp.name, "new", "y" * 240 + ".svg")
-            code = run_main(plot_results.main, ["--input", os.path.join(HERE, "results-chain"), "--output", long_name])[0]
-            self.assertEqual(code, 0)
+            chain = os.path.join(HERE, "results-chain")
+            self.assertEqual(run_main(plot_results.main, ["--input", chain, "--output", long_name])[0], 0)
             with open(long_name, "rb") as handle:
                 type(self).long_name_svg = handle.read()
         return self.long_name_svg
