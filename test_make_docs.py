@@ -41,11 +41,13 @@ def rendered_for_an_unchanged_copy():
     """A patch of make_docs.render_all for main() over a copy_of_the_lab() without `replace` (its templates and
     results are the lab's, through links): its pages are rendered(), computed once per test process. A root
     whose templates or results are not the lab's is refused."""
+    pages = rendered()  # now, before the patch: the lab's own rendering
+
     def render_all(root=HERE):
         for name in (make_docs.TEMPLATES, "results", make_docs.ATLAS):
             if os.path.realpath(os.path.join(root, name)) != os.path.realpath(os.path.join(HERE, name)):
                 raise AssertionError(f"{root}: {name} is not the lab's, so its pages are not rendered()")
-        return dict(rendered())
+        return dict(pages)
 
     return mock.patch.object(make_docs, "render_all", render_all)
 
