@@ -559,6 +559,66 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(result["covered_after"] - result["covered_before"], result["gained"] - result["lost"])
         self.assertEqual(quick["subtraction_share"], 0.03)
 
+    def test_forgetting_measures_the_second_skill_as_a_slow_reference_does(self):
+        task = countdown_task(8)
+        prompt = task.split_prompts("train")[0].item()
+        numbers = task.prompt_numbers(prompt)
+        skill_prompt, skill_response = runners.skill_pair(task, prompt)
+        self.assertEqual(task.decode(skill_prompt), "BOS" + "".join(map(str, numbers)) + "=")
+        self.assertEqual(task.decode(skill_response), "+".join(map(str, numbers)) + "EOS")
+        # the token batch is sft.pair_batch's layout for the task's own prompts
+        prompts = task.split_prompts("train")[:3].tolist()
+        responses = [list(task.solutions(p)[0]) + [task.eos_id] for p in prompts]
+        ours = runners.token_pair_batch(task, [(tokens, response) for tokens, response in
+                                               zip(task.prompt_tokens(prompts), responses)])
+        for mine, theirs in zip(ours, sft.pair_batch(task, prompts, responses)):
+            self.assertTrue(torch.equal(mine, theirs))
+        # NLL per token and exact success of the skill, against one pair per forward pass
+        config = sft.SFTConfig(n_layer=1, n_head=2, d_model=16).model_config(task)
+        model = TinyLM(config, generator=torch.Generator().manual_seed(0)).eval()
+        pairs = [runners.skill_pair(task, p) for p in prompts]
+        nll, success = runners.skill_measures(model, runners.token_pair_batch(task, pairs))
+        sums, tokens = [], 0
+        for pair in pairs:
+            batch = runners.token_pair_batch(task, [pair])
+            with torch.no_grad():
+                sums.append(float(completion_log_probs(model, *batch).double().sum()))
+            tokens += len(pair[1])
+        self.assertAlmostEqual(nll, -math.fsum(sums) / tokens, delta=1e-9)
+        self.assertAlmostEqual(success, statistics.fmean(math.exp(s) for s in sums), delta=1e-12)
+        # by hand: deviations (-1, 0, 1) and (-7/3, -1/3, 8/3): 5 / sqrt(2 * 114 / 9)
+        self.assertAlmostEqual(runners.pearson([1.0, 2.0, 3.0], [2.0, 4.0, 7.0]), 5 / math.sqrt(2 * 114 / 9),
+                               delta=1e-12)
+        self.assertIsNone(runners.pearson([1.0, 1.0], [2.0, 3.0]))
+        # one RFT step: none correct, no step; some correct, their NLL falls and only they are counted
+        state = runners.transformer_run_from(model, 0, **{**catalog.TRANSFORMER_QUICK, "learning_rate": 1e-3})
+        batch = online_tokens.rollout(state)
+        before = [value.clone() for value in state.policy.parameters()]
+        batch.rewards = torch.zeros_like(batch.rewards)
+        self.assertEqual(runners.rft_step(state, batch), 0)
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(before, state.policy.parameters())))
+        batch.rewards[:3] = 1.0
+
+        def kept_nll():
+            with torch.no_grad():
+                logps = logps_of_tokens(state.policy.logits(batch.prompts[:3], batch.completion_ids[:3]),
+                                        batch.completion_ids[:3])
+            return -float((logps * batch.mask[:3]).sum() / batch.mask[:3].sum())
+
+        start = kept_nll()
+        self.assertEqual(runners.rft_step(state, batch), 3)
+        self.assertLess(kept_nll(), start)
+        # a run at quick size: the forgetting is the NLL's rise, the KL 0 before any update
+        quick = engine.at_quick_size(catalog.experiments()["forgetting"]).configurations[1][2]
+        result = runners.run_forgetting(0, **quick)
+        metrics, curve = result["metrics"], result["curve"]
+        self.assertEqual(quick["arm"], "rft")
+        self.assertEqual(len(curve), quick["steps"] + 1)
+        self.assertEqual(curve[0]["kl_reference"], 0.0)
+        self.assertEqual(metrics["forgetting_end"], metrics["skill_nll_end"] - metrics["skill_nll_start"])
+        self.assertEqual(metrics["reached"],
+                         int(metrics["success_at_gain"] >= metrics["success_start"] + quick["gain"]))
+
     def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
         # the cheapest experiment of each runner, run as the program runs them (two workers); every other
         # experiment is checked without a run, against its committed runs (CommittedAtlas)
@@ -598,7 +658,7 @@ class MechanismsAtReducedSize(unittest.TestCase):
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
                      "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking",
-                     "discover-or-sharpen")
+                     "discover-or-sharpen", "forgetting")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -642,7 +702,8 @@ def assert_options_are_settings(test, runner, options):
     passed = bound.arguments.get("options", {})
     if runner in ONLINE_RUNNERS:
         online_settings.resolve(dict(passed))
-    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking", "run_discover_or_sharpen"):
+    elif runner in ("run_transformer", "run_spurious", "run_reward_hacking", "run_discover_or_sharpen",
+                    "run_forgetting"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})

@@ -1724,6 +1724,77 @@ def _discover_or_sharpen():
     )
 
 
+FORGETTING_GAIN = 0.1  # the matched gain: exact train success 0.1 above the start's (about 15 iterations, seed 0)
+FORGETTING_STEPS = 40
+
+
+def _forgetting():
+    grpo, rft = (C({"arm": arm}) for arm in ("grpo", "rft"))
+
+    def larger_kl_forgets_more(runs):
+        kl, forgetting = (runs[rft][name] - runs[grpo][name] for name in ("kl_at_gain", "forgetting_at_gain"))
+        return kl * forgetting > 0
+
+    def positive_correlation(configuration):
+        return lambda runs: None if runs[configuration]["kl_forgetting_correlation"] is None else \
+            runs[configuration]["kl_forgetting_correlation"] > 0
+
+    return _transformer_experiment(
+        name="forgetting",
+        summary="transformer GRPO vs rejection fine-tuning on Countdown: the forgetting of a second SFT skill "
+                "against KL(pi‖pi_0) on the RL task, at a matched gain",
+        source="Shenfeld et al. 2025, 'RL's Razor: Why Online Reinforcement Learning Forgets Less', arXiv 2509.04259",
+        claim="The second skill: a prompt BOS, the numbers, '=' (no target) answered by the sum of the numbers "
+              "written out (1+2+3+4); a fifth of each seed's SFT demonstrations show it, the rest are Countdown's. "
+              "RL never sees it. Each seed trains its own SFT start, then two arms train on Countdown only, one "
+              "Adam step per iteration on 64 fresh samples, no KL penalty: GRPO, and rejection fine-tuning (RFT: "
+              "the NLL of the batch's correct samples). Forgetting is the rise of the second skill's NLL per token "
+              f"(128 demonstrations, exact); the KL is KL(pi‖pi_0) on the RL task's own samples. The matched gain: "
+              f"the first iteration whose exact train success is {FORGETTING_GAIN} above the start's (the end when "
+              "never reached). The claims: forgetting grows with the KL in both arms, and at the matched gain RL "
+              "moves less in KL and forgets less than RFT. The stated cause, forgetting follows the KL on the new "
+              "task whatever the algorithm, has its ablation across arms: the arm with the larger KL forgets more.",
+        configurations=[({"arm": arm}, "run_forgetting",
+                         {"arm": arm, "gain": FORGETTING_GAIN, "steps": FORGETTING_STEPS, "beta": 0.0,
+                          "updates_per_batch": 1, "eval_prompts": 32, "eval_samples": 0})
+                        for arm in ("grpo", "rft")],
+        metrics=["success_start", "success_end", "reached", "step_at_gain", "kl_at_gain", "forgetting_at_gain",
+                 "kl_end", "forgetting_end", "skill_success_start", "skill_success_end", "kl_forgetting_correlation"],
+        curves=("success_probability", "kl_reference", "forgetting", "skill_success"),
+        claims=[
+            Claim("Both arms reach the matched gain within the run",
+                  lambda runs: runs[grpo]["reached"] == 1 and runs[rft]["reached"] == 1, at_least=0.8),
+            Claim("Within GRPO, forgetting grows with KL(pi‖pi_0): their correlation over the iterations is "
+                  "positive", positive_correlation(grpo), at_least=0.8),
+            Claim("... and within RFT", positive_correlation(rft), at_least=0.8),
+            Claim("At the matched gain RL moves less: KL(pi‖pi_0) on the RL task, RFT minus GRPO",
+                  difference("kl_at_gain", rft, grpo), "greater", 0.8),
+            Claim("At the matched gain RL forgets less: the second skill's NLL rise, RFT minus GRPO",
+                  difference("forgetting_at_gain", rft, grpo), "greater", 0.8),
+            Claim("The ablation of the cause, across algorithms: the arm with the larger KL at the matched gain "
+                  "forgets more, in most seeds", larger_kl_forgets_more, at_least=0.6,
+                  note="If forgetting followed the algorithm and not the KL, the arm that moved more would not "
+                       "be the one that forgets more."),
+        ],
+        color_by=["arm"], panels=[
+            {"kind": "curves", "columns": ["forgetting"], "x": "success_probability",
+             "title": "forgetting against the gain on the RL task", "ylabel": "second skill's NLL rise, nats/token",
+             "xlabel": "exact train success on Countdown"},
+            {"kind": "curves", "columns": ["forgetting"], "x": "kl_reference",
+             "title": "forgetting against the KL on the RL task", "ylabel": "second skill's NLL rise, nats/token",
+             "xlabel": "KL(pi ‖ pi_0), nats per response"},
+            {"kind": "curves", "columns": ["kl_reference"], "x": "success_probability",
+             "title": "KL paid for the gain", "ylabel": "KL(pi ‖ pi_0), nats per response",
+             "xlabel": "exact train success on Countdown"},
+            {"kind": "values", "metrics": ["forgetting_at_gain", "forgetting_end"],
+             "title": "forgetting at the matched gain and at the end", "ylabel": "NLL rise, nats/token"}],
+        cost=20.0,
+        seeds_reason="the budget: each seed trains its own SFT start (about 25 s) shared by its two arms, so the "
+                     "seeds replicate over SFT starts; 5 seeds separate an effect of 1.24; one pilot run (seed 0, "
+                     "30 iterations) fixed the gain and the length before the claims were written",
+    )
+
+
 def experiments():
     """Every experiment of the atlas, by name."""
     found = [_kl_estimators(), _reduction_length_bias(), _std_scaling(), _zero_variance(), _clip_higher(),
@@ -1732,5 +1803,5 @@ def experiments():
              _passk_narrowing(), _rl_generalization(), _clip_higher_entropy(), _length_growth(),
              _precision_mismatch(), _kl_placement(), _padding_bug(),
              _kl_optimum(), _entropy_mechanism(), _dpo_displacement(), _negative_samples(),
-             _spurious_rewards(), _reward_hacking(), _discover_or_sharpen()]
+             _spurious_rewards(), _reward_hacking(), _discover_or_sharpen(), _forgetting()]
     return {experiment.name: experiment for experiment in found}

@@ -760,3 +760,157 @@ def run_discover_or_sharpen(seed, subtraction_share, **options):
     points = [{"step": row["step"], "success_probability": row["success_probability"],
                "test_success_probability": row["test_success_probability"]} for row in rows]
     return {"metrics": metrics, "curve": points}
+
+
+# forgetting: a second skill in the SFT mix that RL never sees; GRPO against rejection fine-tuning (RFT)
+SKILL_SHARE = 0.2  # share of the SFT demonstrations that show the second skill
+SKILL_PROMPTS = 128  # the second skill's evaluated demonstrations: the first train prompts' number sets
+FORGETTING_ARMS = ("grpo", "rft")
+
+
+def skill_pair(task, prompt):
+    """The second skill's (prompt tokens, response tokens) for a Countdown prompt's numbers: the prompt
+    BOS, the numbers, '=' (no ':' and no target: the RL task always has them), and the response their sum
+    written out, n1+n2+...+EOS. The tokenizer already covers it; the RL task's prompts never take this form."""
+    numbers = task.prompt_numbers(prompt)
+    response = [token for number in numbers for token in (task.vocab.index("+"), number)][1:] + [task.eos_id]
+    return [task.bos_id, *numbers, task.vocab.index("=")], response
+
+
+def token_pair_batch(task, pairs):
+    """(input_ids, attention_mask, completion_mask), each (N, P + R) int64, from N (prompt tokens, response
+    tokens) pairs: the layout of sft.pair_batch (left padding, prompt, response, right padding) for prompts
+    given as tokens, so that two prompt formats share one batch."""
+    width = max(len(prompt) for prompt, _ in pairs)
+    length = max(len(response) for _, response in pairs)
+    rows, attention, completion = [], [], []
+    for prompt, response in pairs:
+        left, right = width - len(prompt), length - len(response)
+        rows.append([task.pad_id] * left + list(prompt) + list(response) + [task.pad_id] * right)
+        attention.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+        completion.append([0] * (left + len(prompt)) + [1] * len(response) + [0] * right)
+    return tuple(torch.tensor(part, dtype=torch.long) for part in (rows, attention, completion))
+
+
+_MIXED_STARTS = {}  # (sft steps, seed) -> the trained state_dict: one SFT start per seed, trained once per process
+
+
+def mixed_sft_start(task, steps, seed):
+    """A TinyLM trained as sft.train_sft trains (its defaults: Adam, the schedule, the clip, the batch size)
+    on a mix: each of sft.SFTConfig().demonstrations (at most steps x batch size) is, with probability
+    SKILL_SHARE, the second skill's pair (skill_pair) for the prompt the task drew, else the task's own.
+    Seeded by `seed` (the demonstrations, the weights, the order), so every seed has its own start."""
+    key = (steps, seed)
+    config = sft.SFTConfig(steps=max(steps, 1), seed=seed)
+    model_config = config.model_config(task)
+    if key not in _MIXED_STARTS:
+        generator = torch.Generator().manual_seed(seed)
+        # no more demonstrations than the steps can use: the same set at the default size, fewer at --quick
+        demonstrations = task.demonstrations(min(config.demonstrations, config.steps * config.batch_size), generator)
+        draws = torch.rand(len(demonstrations), generator=generator, dtype=torch.float64).tolist()
+        prompt_tokens = task.prompt_tokens([prompt for prompt, _ in demonstrations])
+        pairs = [skill_pair(task, prompt) if u < SKILL_SHARE else (tokens, list(response))
+                 for (prompt, response), tokens, u in zip(demonstrations, prompt_tokens, draws)]
+        model = sft.TinyLM(model_config, generator=generator).to(sft.DTYPE)
+        ids, attention, completion = token_pair_batch(task, pairs)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=sft.ADAM_BETAS,
+                                     eps=sft.ADAM_EPS, foreach=True)
+        per_pass = len(pairs) // config.batch_size
+        model.train()
+        for step in range(1, steps + 1):
+            if (step - 1) % per_pass == 0:
+                order = torch.randperm(len(pairs), generator=generator)
+            rows = order[((step - 1) % per_pass) * config.batch_size:][:config.batch_size]
+            loss = sft._training_loss(model, ids[rows], attention[rows], completion[rows])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
+            for group in optimizer.param_groups:
+                group["lr"] = sft.learning_rate_at(step, config)
+            optimizer.step()
+        _MIXED_STARTS[key] = {name: value.clone() for name, value in model.state_dict().items()}
+    model = sft.TinyLM(model_config).to(sft.DTYPE)
+    model.load_state_dict(_MIXED_STARTS[key])
+    return model.eval()
+
+
+@torch.no_grad()
+def skill_measures(model, batch):
+    """The second skill under `model`: (mean NLL per response token of its demonstrations `batch`, a
+    token_pair_batch; the mean over them of the exact probability of writing the demonstration, exp(-sum))."""
+    was_training = model.training
+    model.eval()
+    try:
+        log_probs = completion_log_probs(model, *batch).double()  # (N, T-1), 0 off the completion
+    finally:
+        model.train(was_training)
+    nll = -log_probs.sum() / batch[2][:, 1:].sum()
+    return nll.item(), log_probs.sum(dim=1).exp().mean().item()
+
+
+def pearson(xs, ys):
+    """The sample correlation of two equal-length lists; None when either is constant."""
+    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
+    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = math.fsum((x - mx) ** 2 for x in xs), math.fsum((y - my) ** 2 for y in ys)
+    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+
+
+def rft_step(state, batch):
+    """One Adam step of supervised fine-tuning on the batch's correct responses (rejection fine-tuning):
+    the mean NLL per token of their kept tokens under the current policy. No step when none is correct.
+    Returns how many responses it kept."""
+    correct = state.task.correct(batch.rewards)  # (N,) bool
+    if not bool(correct.any()):
+        return 0
+    logps = logps_of_tokens(state.policy.logits(batch.prompts[correct], batch.completion_ids[correct]),
+                            batch.completion_ids[correct])  # (K, R)
+    mask = batch.mask[correct].to(logps.dtype)
+    online_tokens.clip_grad_norm_step(state, -(logps * mask).sum() / mask.sum())
+    return int(correct.sum())
+
+
+@runner(trains=True, transformer=True)
+def run_forgetting(seed, arm, gain, **options):
+    """From an SFT start that knows the RL task (Countdown) and a second skill (skill_pair: write the sum of the
+    numbers), trained per seed (mixed_sft_start), train on Countdown only: arm "grpo" (online_tokens' update of
+    the algorithm given) or "rft" (rft_step on the batch's correct samples), one Adam step per iteration on B*G
+    fresh samples each. Before each iteration's update: the exact train success (the evaluated prompts), the
+    batch's KL(pi || pi_0) on the RL task (its own samples, nats per response), and the second skill's NLL
+    and exact success on SKILL_PROMPTS demonstrations. Metrics: each at the start and the end, forgetting
+    (the NLL's rise), the same at the first iteration whose success reaches the start's plus `gain` (the
+    matched gain; the end when never reached, with reached 0), and the within-run correlation of the
+    forgetting with the KL over the iterations."""
+    cfg = resolve({"policy": "transformer", **options})
+    task = TASKS[cfg.task](cfg.max_new_tokens)
+    model = mixed_sft_start(task, cfg.sft_steps, seed)
+    skill = token_pair_batch(task, [skill_pair(task, prompt) for prompt in task.split_prompts("train")[:SKILL_PROMPTS]
+                                    .tolist()])
+    state = transformer_run_from(model, seed, **options)
+    curve = []
+    for step in range(cfg.steps + 1):
+        success = online_tokens.evaluate(state)["success_probability"]
+        nll, skill_success = skill_measures(state.policy.model, skill)
+        batch = online_tokens.rollout(state)
+        curve.append({"step": step, "success_probability": success, "kl_reference": batch.kl_reference,
+                      "skill_nll": nll, "skill_success": skill_success, "forgetting": nll - (curve[0]["skill_nll"]
+                                                                                           if curve else nll)})
+        if step == cfg.steps:
+            break  # the last batch only measures the KL of the final policy
+        if arm == "rft":
+            rft_step(state, batch)
+        else:
+            online_tokens.update(state, batch, state.algorithm.credit(batch))
+    first, last = curve[0], curve[-1]
+    matched = next((point for point in curve if point["success_probability"] >= first["success_probability"] + gain),
+                   None)
+    at = last if matched is None else matched
+    metrics = {"success_start": first["success_probability"], "success_end": last["success_probability"],
+               "skill_nll_start": first["skill_nll"], "skill_nll_end": last["skill_nll"],
+               "skill_success_start": first["skill_success"], "skill_success_end": last["skill_success"],
+               "kl_end": last["kl_reference"], "forgetting_end": last["forgetting"],
+               "reached": int(matched is not None), "step_at_gain": at["step"], "kl_at_gain": at["kl_reference"],
+               "forgetting_at_gain": at["forgetting"], "success_at_gain": at["success_probability"],
+               "kl_forgetting_correlation": pearson([p["kl_reference"] for p in curve[1:]],
+                                                    [p["forgetting"] for p in curve[1:]]) if len(curve) > 2 else None}
+    return {"metrics": metrics, "curve": curve}
