@@ -123,6 +123,7 @@ ARXIV_TITLES = {
     "2507.18071": "Zheng et al., Group Sequence Policy Optimization (GSPO)",
     "2507.20673": "Zhao et al., Geometric-Mean Policy Optimization (GMPO)",
     "2508.08221": "Liu et al., Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning (Lite PPO)",
+    "2509.04259": "Shenfeld, Pari and Agrawal, RL's Razor: Why Online Reinforcement Learning Forgets Less",
     "2509.20712": "Su et al., CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
                   "Reinforcement Learning",
     "2510.00977": "Wu et al., It Takes Two: Your GRPO Is Secretly DPO",
