@@ -749,6 +749,29 @@ class CommittedAtlas(unittest.TestCase):
                for label, _, options in catalog.experiments()["std-scaling"].configurations}
         self.assertEqual(std[("none", 0.0075)], {"scale_rewards": "none", "beta": 0.0075})
 
+    def test_kl_placements_std_ablation_changes_only_the_std_and_measures_the_gaps_shrinkage(self):
+        experiment = catalog.experiments()["kl-placement"]
+        options = {catalog.configuration_name(label): (label, options)
+                   for label, _, options in experiment.configurations}
+        bare = [name for name, (label, _) in options.items() if label["scale_rewards"] == "none"]
+        self.assertEqual(len(bare), 3)
+        for name in bare:  # each run without the std has its twin with it: the same options but the std's
+            label, without = options[name]
+            twin = catalog.configuration_name({**label, "scale_rewards": "group"})
+            self.assertEqual({**options[twin][1], "scale_rewards": "none"}, without)
+        # one seed by hand: KL to the reference 1.8 (k3 in the loss), 1.2 (k1 in the reward), 1.9 (none) with
+        # the std; 1.0, 0.9, 1.1 without. Gap 0.6 and 0.1; pull 0.7 and 0.2
+        kl = dict(zip(["kl=k3 in the loss beta=0.02", "kl=k1 in the reward beta=0.02", "kl=none beta=0.0"],
+                      [(1.8, 1.0), (1.2, 0.9), (1.9, 1.1)]))
+        runs = {f"{name} scale_rewards={scale}": {"kl_reference": values[index]}
+                for name, values in kl.items() for index, scale in enumerate(("group", "none"))}
+        # the pull with the std (claim 3), then the gap, its shrinkage, half the gap minus the gap without the
+        # std, the pull's shrinkage and the pull without the std
+        expected = {2: 0.7, 4: 0.6, 5: 0.5, 6: 0.5 * 0.6 - 0.1, 7: 0.5, 8: 0.2}
+        self.assertEqual(len(experiment.claims), 9)
+        for index, want in expected.items():
+            self.assertAlmostEqual(experiment.claims[index].value(runs), want, places=12, msg=index)
+
     def test_the_committed_summaries_are_what_the_code_computes_from_the_committed_runs(self):
         for atlas in ("results-experiments", "results-experiments-start100"):
             for name, experiment in catalog.experiments().items():

@@ -881,6 +881,15 @@ def _minus(first, second):
     return None if first is None or second is None else first - second
 
 
+def _shrinkage(with_std, without, share=1.0):
+    """A claim value from two claim values of one seed: `share` times the first minus the second (how much of
+    an effect goes when a cause is removed; None when either is undefined)."""
+    def value(runs):
+        first, second = with_std(runs), without(runs)
+        return None if first is None or second is None else share * first - second
+    return value
+
+
 def _at_least_zero(value):
     return None if value is None else value >= 0
 
@@ -1105,29 +1114,43 @@ def _precision_mismatch():
 
 
 def _kl_placement():
-    configurations = [({"kl": "k3 in the loss", "beta": 0.02}, {}),
-                      ({"kl": "k1 in the loss", "beta": 0.02}, {"kl_estimator": "k1"}),
-                      ({"kl": "k1 in the reward", "beta": 0.02}, {"kl_in": "reward", "kl_estimator": "k1"}),
-                      ({"kl": "none", "beta": 0.0}, {"beta": 0.0}),
-                      ({"kl": "k3 in the loss", "beta": 0.2}, {"beta": 0.2})]
-    k3, k1_loss, k1_reward, none, k3_strong = (C(label) for label, _ in configurations)
+    with_std = [({"kl": "k3 in the loss", "beta": 0.02}, {}),
+                ({"kl": "k1 in the loss", "beta": 0.02}, {"kl_estimator": "k1"}),
+                ({"kl": "k1 in the reward", "beta": 0.02}, {"kl_in": "reward", "kl_estimator": "k1"}),
+                ({"kl": "none", "beta": 0.0}, {"beta": 0.0}),
+                ({"kl": "k3 in the loss", "beta": 0.2}, {"beta": 0.2})]
+    # the ablation of the std: the placements it compares, with the advantages left undivided (Dr. GRPO's)
+    without_std = [({"kl": "k3 in the loss", "beta": 0.02}, {"scale_rewards": "none"}),
+                   ({"kl": "k1 in the reward", "beta": 0.02},
+                    {"kl_in": "reward", "kl_estimator": "k1", "scale_rewards": "none"}),
+                   ({"kl": "none", "beta": 0.0}, {"beta": 0.0, "scale_rewards": "none"})]
+    configurations = ([({**label, "scale_rewards": "group"}, options) for label, options in with_std]
+                      + [({**label, "scale_rewards": "none"}, options) for label, options in without_std])
+    k3, k1_loss, k1_reward, none, k3_strong, k3_bare, k1_reward_bare, none_bare = (
+        C(label) for label, _ in configurations)
+    gap, gap_bare = difference("kl_reference", k3, k1_reward), difference("kl_reference", k3_bare, k1_reward_bare)
+    pull, pull_bare = difference("kl_reference", none, k1_reward), difference("kl_reference", none_bare, k1_reward_bare)
     return _transformer_experiment(
         name="kl-placement",
-        summary="transformer: the KL to the SFT start as k3 or k1 in the loss, k1 in the reward, or none",
+        summary="transformer: the KL to the SFT start as k3 or k1 in the loss, k1 in the reward, or none; with and "
+                "without the group's std",
         source="Schulman, 'Approximating KL Divergence' (2020); Tang and Munos, arXiv 2506.09477; TRL's RLOO and "
                "verl's use_kl_in_reward (KL in the reward), GRPO's k3 in the loss (DeepSeekMath, arXiv 2402.03300); "
-               "Shah et al., arXiv 2512.21852; Zhang et al. (RPG), arXiv 2505.17508",
+               "Shah et al., arXiv 2512.21852; Zhang et al. (RPG), arXiv 2505.17508; Liu et al. (Dr. GRPO, no std), "
+               "arXiv 2503.20783",
         claim="Where the KL penalty goes decides how hard it pulls. As a loss term, k3's expected gradient pulls the "
               "policy toward the reference with weight beta per response (the sequence mean), while k1's expected "
               "gradient is near zero (exactly zero only on-policy with weights that do not depend on the length; the "
               "sequence mean's 1/|y| does). Per-token loss terms give a partial gradient of the sequence KL; the KL "
               "in the reward gives the exact one. Subtracted from the reward, beta times the KL summed over the "
               "response's tokens enters the advantages, which divide by the group's reward std: at the same beta it "
-              "ends nearer the reference. Why is not shown here: a run outside the atlas found about 70% of that pull "
-              "coming from the division by the per-group std (without the std, the pull measured 0.17 nats, not "
-              "significant); the ablation without the std, with and without the KL in the reward, is not run (10 "
-              "transformer runs of about 34 s per seed set at 5 seeds, 12 minutes of one core for both sets). "
-              "Measured as each run's KL to the reference at the end; the ablation raises the loss's beta tenfold.",
+              "ends nearer the reference than k3 in the loss. The stated cause is that division: where a group's "
+              "answers differ, the std of its 0/1 rewards is at most 0.5, which multiplies the KL part by 2 or more; "
+              "where they all score alike, the std is the KL part's own spread, and the KL alone sets advantages of "
+              "size about 1. The loss term keeps its beta. The ablation runs the same placements without the std "
+              "(scale_rewards none): there the gap between k1 in the reward and k3 in the loss must shrink, most of "
+              "it vanish. Measured as each run's KL to the reference at the end; a second ablation raises the loss's "
+              "beta tenfold.",
         configurations=[_transformer(label, steps=60, eval_samples=0, **options) for label, options in configurations],
         metrics=["kl_reference", "final_test_success_probability", "entropy_last"],
         curves=("kl_reference",),
@@ -1139,24 +1162,41 @@ def _kl_placement():
                   note="On one draw from the current policy E[grad k1] = 0; under the sequence mean the weight "
                        "1/|y| depends on the length, so it is near 0 rather than exactly 0, and mostly its noise "
                        "acts."),
-            Claim("k1 in the reward (beta 0.02) keeps the policy closer to the reference than no KL",
-                  difference("kl_reference", none, k1_reward), "greater", 0.8,
-                  note="How far it holds the policy, not why: the division of the shaped reward by the group's std "
-                       "is a stated cause without its ablation here."),
+            Claim("k1 in the reward (beta 0.02) keeps the policy closer to the reference than no KL", pull, "greater",
+                  0.8, note="How far it holds the policy; why is the ablation without the std below."),
             Claim("The ablation: k3 in the loss at beta 0.2 keeps the policy closer to the reference than no KL",
                   difference("kl_reference", none, k3_strong), "greater", 0.8,
                   note="If it holds where beta 0.02 does not, the loss term's weight was too small to show, not "
                        "its direction wrong."),
+            Claim("With the group's std, k1 in the reward ends nearer the reference than k3 in the loss (both beta "
+                  "0.02)", gap, "greater", 0.8),
+            Claim("The ablation of the std: without it, that gap (KL of k3 in the loss minus KL of k1 in the reward) "
+                  "shrinks", _shrinkage(gap, gap_bare), "greater", 0.8,
+                  note="The value is the gap with the std minus the gap without it, per seed. If it does not hold, the "
+                       "division by the std is not what makes the reward placement pull harder."),
+            Claim("Without the std, more than half of that gap vanishes", _shrinkage(gap, gap_bare, share=0.5),
+                  "greater", 0.8, note="The value is half the gap with the std minus the gap without it, per seed."),
+            Claim("Without the std, the pull of k1 in the reward (no KL minus k1 in the reward) is smaller than with "
+                  "it", _shrinkage(pull, pull_bare), "greater", 0.8,
+                  note="Each pull is measured against the run with no KL at the same scaling, so whatever the std "
+                       "does to the verifier's part of the reward alone cancels."),
+            Claim("Without the std, k1 in the reward still keeps the policy closer to the reference than no KL",
+                  pull_bare, "greater", 0.8,
+                  note="A run outside the atlas measured this pull at 0.17 nats, not significant; kept to say how "
+                       "much of the pull survives without the division."),
         ],
-        color_by=["kl", "beta"], panels=[
+        color_by=["kl", "beta", "scale_rewards"], panels=[
             {"kind": "curves", "columns": ["kl_reference"], "title": "KL(policy ‖ reference), estimated each batch",
              "ylabel": "nats per response"},
             {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
              "ylabel": "nats per response"},
             "final test success"],
-        seeds_reason="the KL in the reward and at beta 0.2 pull by 2.3 and 3.8 on seeds 0-4, over the 1.24 that 5 "
-                     "seeds separate; k3 at beta 0.02 measured 0.17, too small for any affordable count",
-        cost=12.0,
+        seeds_reason="the KL in the reward and at beta 0.2 pull by 2.3 and 3.8 on seeds 0-4, and the gap between k1 "
+                     "in the reward and k3 in the loss by 2.2, over the 1.24 that 5 seeds separate; the ablation's "
+                     "shrinkage (0.66 against 0.17 nats outside the atlas) is expected near that limit, and 10 seeds "
+                     "would double the 5.4 minutes of one core each seed set takes at 5 (40 runs of about 8 s); k3 "
+                     "at beta 0.02 measured 0.17, too small for any affordable count",
+        cost=8.0,
     )
 
 
