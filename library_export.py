@@ -32,8 +32,8 @@ import textwrap
 
 from library_map import library_blocks
 
-# The lab's learning rate moves a table of logits; a freshly built transformer needs a smaller one: with 3e-3
-# the default binary run's batch reward swings between 0.2 and 0.9 late in the run, with 1e-3 it rises to 0.97
+# The exported script's rate for its freshly built tiny model (the lab's own rate is for its own models): with
+# 3e-3 the default binary run's batch reward swings between 0.2 and 0.9 late in the run, with 1e-3 it rises to 0.97
 TINY_MODEL_LEARNING_RATE = 1e-3
 # the tiny model's SFT steps per task: the binary task's six answers are learnt in a few dozen steps
 WARM_START_STEPS = {"binary": 30, "countdown": 100}
@@ -215,6 +215,7 @@ TRL_COMMON = '''
 import argparse
 import importlib.util
 import os
+import sys
 
 import torch
 from datasets import @DATASETS@
@@ -237,7 +238,8 @@ def scaled(model_name):
     """The settings that depend on the model: the tiny one built here, or a pretrained one (--model)."""
     if model_name is None:
         return {
-            # the lab's learning rate moves a table of logits; this freshly built transformer needs a smaller one
+            # a rate for this freshly built tiny model (not the lab's own, which the header gives): at 3e-3 the
+            # binary run's reward swings late in the run, at 1e-3 it rises steadily
             "learning_rate": @TINY_LR@,
             # one micro-batch holds the lab's whole batch (B x G completions, or B pairs)
             "per_device_train_batch_size": PROMPTS * GROUP_SIZE,
@@ -249,7 +251,8 @@ def scaled(model_name):
             "use_cpu": True, "bf16": False, "activation_checkpointing": False,
         }
     return {
-        # TRL's default for pretrained models: the lab's rates (0.2, 1e-3) would wreck one in a few steps
+        # TRL's default for pretrained models: the lab's rates (0.2 for its table, 3e-4 for its transformer) and
+        # this script's tiny-model rate would wreck one in a few steps
         "learning_rate": 1e-6,
         # one group per micro-batch fits a GPU's memory; B micro-batches accumulate to the lab's B x G per step
         "per_device_train_batch_size": GROUP_SIZE,
@@ -277,6 +280,10 @@ def load_prompts(data, model_name, split="train"):
     """The task's prompts: the lab's compact text for the tiny model (its tokens, one character each), the
     task in words as a chat message for a pretrained model; the answer columns stay for the verifier."""
     dataset = load_dataset("json", data_files={split: os.path.join(data, f"{split}.jsonl")})[split]
+    column = {"countdown": "numbers", "binary": "number"}[TASK]  # an answer column only this task's prompts have
+    if column not in dataset.column_names:  # another task's prompts would train without a word
+        sys.exit(f"--data: {data} holds another task's prompts, not {TASK}'s (no '{column}' column); write them "
+                 f"with: python online_tokens.py --task {TASK} --export-data {data}")
     if model_name is not None:
         dataset = dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["instruction"]}]})
     return dataset

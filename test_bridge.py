@@ -862,6 +862,21 @@ class TrlExports(unittest.TestCase):
         online = library_export.export_trl(bridge.run_settings({"algorithm": "dpo", "updates_per_batch": 3}))
         self.assertIn("--updates-per-batch 3: OnlineDPOTrainer takes one optimizer step", online)
 
+    def test_another_tasks_data_is_refused_before_training(self):
+        folder = tempfile.mkdtemp()
+        data, _ = exported_data("binary")
+        path = os.path.join(folder, "run_trl.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(library_export.export_trl(bridge.run_settings({"policy": "transformer"})))  # Countdown's
+        with bridge._quiet(), contextlib.redirect_stderr(io.StringIO()):
+            script = bridge.load_script(path)
+            with self.assertRaises(SystemExit) as caught:
+                script.load_prompts(data, None)
+        self.assertEqual(str(caught.exception), f"--data: {data} holds another task's prompts, not countdown's (no "
+                         f"'numbers' column); write them with: python online_tokens.py --task countdown "
+                         f"--export-data {data}")
+        self.assertEqual(len(script.load_prompts(exported_data("countdown")[0], None)), 421)  # its own task's load
+
     def test_ppo_export_exits_2_naming_the_flag_and_writes_nothing(self):
         folder = tempfile.mkdtemp()
         path = os.path.join(folder, "run_trl.py")
