@@ -75,8 +75,8 @@ def _own_defaults(setting):
     return "; ".join(f"{', '.join(names)} {value}" for value, names in own.items())
 
 
-def _shared(item, default):
-    return setting(default, item.help, kind=item.kind, low=item.low, high=item.high)
+def _shared(item, default, **options):
+    return setting(default, item.help, kind=item.kind, low=item.low, high=item.high, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,9 +90,10 @@ class OnlineConfig:
     task: str = setting("binary", "binary = write a number 0..5 in binary; countdown = reach a target with given "
                         "numbers (needs --policy transformer)", choices=TASKS, default_text="binary; "
                         "countdown with --policy transformer")
-    steps: int = _shared(STEPS, 60)
+    steps: int = _shared(STEPS, 60, default_text="60; 100 with --policy transformer")
     seed: int = _shared(SEED, 7)
-    prompts: int = setting(8, "prompts drawn per iteration (B)", low=1, high=4096)
+    prompts: int = setting(8, "prompts drawn per iteration (B)", low=1, high=4096,
+                           default_text="8; 16 with --policy transformer")
     group_size: int = setting(8, "responses per prompt (G); B*G responses per iteration for every algorithm",
                               low=2, high=1024)
     max_new_tokens: int = setting(5, "cap on response length; a response that reaches it without EOS is truncated",
@@ -102,7 +103,8 @@ class OnlineConfig:
     updates_per_batch: int = setting(2, "Adam steps on each batch (ratios leave 1 after the first)", low=1, high=64)
     beta: float = setting(0.02, "KL weight: GRPO family, the KL to the reference in the loss (or the reward); "
                           "PPO, the per-token -beta * k1 reward", low=0.0, high=10.0, applies=("ppo",) + GROUP)
-    learning_rate: float = setting(0.2, "Adam learning rate", low=0.0, high=10.0, low_open=True, flag="--lr")
+    learning_rate: float = setting(0.2, "Adam learning rate", low=0.0, high=10.0, low_open=True, flag="--lr",
+                                   default_text="0.2; 0.0003 with --policy transformer")
     # the GRPO family
     reduction: str = setting("sequence", "sequence = mean per response then over responses (GRPO, the lesson); "
                              "token = mean over all kept tokens (DAPO); constant = sum / (B*G*max_new_tokens) "
