@@ -84,7 +84,8 @@ def build_parser():
                         help="instead of training, write FILE: with LIBRARY trl, a runnable TRL 1.16 script of this "
                              "run's settings (the GRPO family, DPO offline and online; either task; it reads the "
                              "folder of --export-data and takes --model); with verl, the verl 0.9.1 launch command "
-                             "with its overrides (see library_export.py; default: off, train)")
+                             "with its overrides (see library_export.py); FILE's folder is created if missing "
+                             "(default: off, train)")
     parser.add_argument("--model", default=None, metavar="NAME_OR_PATH",
                         help="with --export verl: the Hugging Face model (a hub name or a local folder) the launch "
                              "trains, its learning rate, batch and lengths set for a pretrained model (default: "
