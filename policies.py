@@ -293,10 +293,8 @@ class TransformerPolicy:
         sequences = torch.cat([ids, completion_ids], dim=1)  # (N, P + R)
         attention = torch.cat([mask, torch.ones_like(completion_ids)], dim=1)
         position_ids = self._position_ids(attention, positions)
-        if torch.is_grad_enabled():
-            logits = self.model(sequences, attention, position_ids)[:, width - 1: width - 1 + length]  # (N, R, V)
-        else:  # scoring only (old and reference log-probs, the exact evaluation): each distinct prompt runs once
-            logits = shared_prompt_logits(self.model, sequences, attention, width, position_ids)  # (N, R, V)
+        # each distinct prompt runs once (a group's G responses share it), with or without gradient
+        logits = shared_prompt_logits(self.model, sequences, attention, width, position_ids)  # (N, R, V)
         return logits / self.temperature
 
     def _position_ids(self, attention, positions=None):
@@ -362,11 +360,17 @@ def build_table(cfg, task, progress=None):
 
 def build_transformer(cfg, task, progress=None):
     """The SFT warm start of the task (trained once, then loaded from cfg.sft_folder), in cfg.dtype."""
-    model, _, _ = sft.load_or_train(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder, progress=progress)
+    model, _, _ = sft.load_or_train(task, sft_config_of(cfg), cfg.sft_folder, progress=progress)
     model = model.to(DTYPES[cfg.dtype])
     sampler_dtype = None if cfg.sampler_dtype is None else DTYPES[cfg.sampler_dtype]
     return TransformerPolicy(model, task, cfg.temperature, cfg.max_new_tokens, sampler_dtype, cfg.use_cache,
                              cfg.position_ids)
+
+
+def sft_config_of(cfg, **fields):
+    """The sft.SFTConfig of a transformer run's warm start: cfg.sft_steps steps seeded by cfg.sft_seed;
+    `fields` set others (a runner's own start: discover-or-sharpen's subtraction share)."""
+    return sft.SFTConfig(steps=cfg.sft_steps, seed=cfg.sft_seed, **fields)
 
 
 def sft_cache_folder(cfg):
@@ -374,7 +378,7 @@ def sft_cache_folder(cfg):
     if cfg.policy != "transformer":
         return None
     task = TASKS[cfg.task](cfg.max_new_tokens)
-    return sft.cache_folder_of(task, sft.SFTConfig(steps=cfg.sft_steps), cfg.sft_folder)
+    return sft.cache_folder_of(task, sft_config_of(cfg), cfg.sft_folder)
 
 
 SFT_FILES = (sft.MODEL_FILE, sft.CONFIG_FILE, sft.REPORT_FILE)

@@ -633,6 +633,20 @@ class SameBitsFaster(unittest.TestCase):
                 full = self.model(sequences, attention, positions)[:, 5:-1]  # (24, 7, V): rows predicting completions
                 shared = shared_prompt_logits(self.model, sequences, attention, 6, positions)
                 torch.testing.assert_close(shared, full, rtol=0.0, atol=1e-6)  # bits here; rounding elsewhere
+        # with gradient: the same logits, and the gradient of a loss equals one full pass's up to the order in
+        # which the rows sharing a prompt add theirs (a wrong row map or a detached cache would be far off)
+        weights = torch.randn(24, 7, 1, generator=generator)
+        gradients = []
+        for logits_of in (lambda: self.model(sequences, attention)[:, 5:-1],
+                          lambda: shared_prompt_logits(self.model, sequences, attention, 6)):
+            self.model.zero_grad()
+            logits = logits_of()
+            (logits.log_softmax(-1) * weights).sum().backward()
+            gradients.append(torch.cat([p.grad.flatten() for p in self.model.parameters()]))
+        scale = float(gradients[0].abs().max())
+        self.assertGreater(scale, 1.0)
+        torch.testing.assert_close(gradients[1], gradients[0], rtol=0.0, atol=2e-6 * scale)  # float32 rounding
+        self.model.zero_grad()
         with self.assertRaisesRegex(ValueError, "^prompt_length: "):
             shared_prompt_logits(self.model, sequences, attention, 13)
         with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got OrderedDict$"):
