@@ -179,7 +179,7 @@ def main(argv=None):
             write_files(files)
             print(f"-> {folder}: {', '.join(sorted(os.path.basename(path) for path in files))}")
         return 0
-    for folder in sft_folders(table[name] for name in names):  # where a transformer run trains its SFT start
+    for folder in sft_folders([table[name] for name in names], args.seeds, args.seed_start):  # its SFT starts
         output_folder_or_exit(parser, os.path.dirname(folder), flag="NAME (the SFT cache of its transformer runs)")
         output_folder_or_exit(parser, folder, policies.SFT_FILES, flag="NAME (the SFT cache of its transformer runs)")
     import plot_results  # matplotlib only now: --list and bad names stay quick

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from lab.settings import SEED, STEPS, SettingError, check_value, declared, setting
+from lab.settings import SEED, SEED_LIMIT, STEPS, SettingError, check_value, declared, setting
 from online_registry import ADVANTAGES, ALGORITHMS, POLICY_LOSSES, PREFERENCE_LOSSES, losses_reading
 
 # What the declarations need from the modules that import torch, named here without torch, so that
@@ -266,6 +266,9 @@ class OnlineConfig:
                              "initialization)", low=0, high=100_000, policies=("transformer",))
     sft_folder: str = setting("results-sft", "the folder of cached SFT models, one subfolder per SFT setting "
                               "(reused by later runs with the same settings)", policies=("transformer",))
+    sft_seed: int = setting(0, "seeds the SFT warm start (its demonstrations, initial weights and batch order; "
+                            "0: the start `python sft.py` trains); the atlas sets it to each run's seed, so that "
+                            "its seeds vary the start too", low=0, high=SEED_LIMIT - 1, policies=("transformer",))
     eval_prompts: int = setting(32, "prompts of each split whose exact success probability is computed after "
                                 "every update (a fixed draw)", low=1, high=100_000, policies=("transformer",))
     eval_samples: int = setting(64, "responses sampled per test prompt for pass@k before and after training (0: "

@@ -608,6 +608,17 @@ class MechanismsAtReducedSize(unittest.TestCase):
         start = kept_nll()
         self.assertEqual(runners.rft_step(state, batch), 3)
         self.assertLess(kept_nll(), start)
+        # the forward KL(pi_0 || pi) on the batch (drawn from pi_0, the reference here), against a slow one: response
+        # by response, pi_0's log-probs from the reference model itself rather than the batch's stored ones
+        slow = []
+        with torch.no_grad():
+            for row in range(len(batch.prompts)):
+                ids = batch.completion_ids[row:row + 1]
+                logp, ref_logp = (logps_of_tokens(model.logits(batch.prompts[row:row + 1], ids), ids)
+                                  for model in (state.policy, state.reference))
+                slow.append(float(((ref_logp - logp) * batch.mask[row:row + 1]).sum()))
+        self.assertGreater(max(map(abs, slow)), 1e-3)  # the step moved the policy
+        self.assertAlmostEqual(runners.forward_kl(state, batch), sum(slow) / len(slow), places=5)
         # a run at quick size: the forgetting is the NLL's rise, the KL 0 before any update
         quick = engine.at_quick_size(catalog.experiments()["forgetting"]).configurations[1][2]
         result = runners.run_forgetting(0, **quick)
@@ -615,6 +626,9 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(quick["arm"], "rft")
         self.assertEqual(len(curve), quick["steps"] + 1)
         self.assertEqual(curve[0]["kl_reference"], 0.0)
+        # the forward KL(pi_0 || pi) on pi_0's first batch: 0 at the start (the same weights), then it moves
+        self.assertEqual(curve[0]["kl_forward"], 0.0)
+        self.assertEqual((metrics["kl_end"], metrics["reverse_kl_end"]), (curve[-1]["kl_forward"], curve[-1]["kl_reference"]))
         self.assertEqual(metrics["forgetting_end"], metrics["skill_nll_end"] - metrics["skill_nll_start"])
         self.assertEqual(metrics["reached"],
                          int(metrics["success_at_gain"] >= metrics["success_start"] + quick["gain"]))
@@ -623,8 +637,17 @@ class MechanismsAtReducedSize(unittest.TestCase):
         # the cheapest experiment of each runner, run as the program runs them (two workers); every other
         # experiment is checked without a run, against its committed runs (CommittedAtlas)
         table = {name: engine.at_quick_size(catalog.experiments()[name]) for name in QUICK_EXPERIMENTS}
+        # every runner, and the engine's own: the SFT starts, trained before the runs (one per seed and setting)
         self.assertEqual({runner for experiment in table.values() for _, runner, _ in experiment.configurations},
-                         set(runners.RUNNERS))
+                         set(runners.RUNNERS) - {"train_sft_start"})
+        starts = engine.sft_starts(table.values(), 1)
+        self.assertEqual({start["config"]["seed"] for start in starts}, {0})
+        # discover-or-sharpen's three shares, the default start at 20 and (dpo-displacement) 150 steps; forgetting
+        # trains its own inside its runs
+        self.assertEqual(sorted((str(start["config"]["subtraction_share"]), start["config"]["steps"]) for start in starts),
+                         [("0.0", 20), ("0.03", 20), ("0.5", 20), ("None", 20), ("None", 150)])
+        self.assertEqual([start["config"]["seed"] for start in engine.sft_starts([table["padding-bug"]], 3, 100)],
+                         [100, 101, 102])
         seen = {}
 
         def finished(name, experiment, seeds, jobs, results):
@@ -642,6 +665,8 @@ class MechanismsAtReducedSize(unittest.TestCase):
 
         engine.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
         self.assertEqual(sorted(seen), sorted(table))
+        for folder in engine.sft_folders(table.values(), 1):  # each start trained once, cached for the runs
+            self.assertTrue(os.path.isfile(os.path.join(folder, "model.pt")), folder)
         for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
             with self.subTest(experiment=name):
                 self.assertEqual(seeds, [0])

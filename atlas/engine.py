@@ -20,15 +20,14 @@ from dataclasses import replace
 
 import torch
 
-import online_tokens
-import policies
+import sft
 from atlas.catalog import configuration_name, experiments
 from atlas.claims import (CHECK, CLAIM, FAILS, HOLDS, KINDS, NOISE, check_claim, count_text, interval_text,
                           number_text)
-from atlas.runners import RUNNERS, TARGET, TRAINING_RUNNERS, TRANSFORMER, TRANSFORMER_RUNNERS
+from atlas.runners import RUNNERS, SFT_STARTS, TARGET, TRAINING_RUNNERS, TRANSFORMER_RUNNERS
 from lab.checks import torch_threads
 from lab.io import HeldSignals, Terminated, csv_text, json_text
-from online_settings import resolve
+from tasks import TASKS
 
 QUICK_STEPS = 4  # iterations of every training run at --quick (tests): the mechanism, not the effect
 # metrics that are the first iteration (or budget) at which a run reached TARGET: None when it never did
@@ -69,6 +68,8 @@ def _run_job(job):
     """Worker entry: (experiment name, global index, label, seed, runner, options) -> (index, seconds, result);
     seconds: the run alone, the process's one-time imports excluded."""
     name, index, label, seed, runner, options = job
+    if runner in TRANSFORMER_RUNNERS:  # each seed its own SFT start, so a claim replicates over starts too
+        options = {"sft_seed": seed, **options}
     _import_torch_lazy_modules()  # about a millisecond once they are imported
     started = time.perf_counter()
     with torch_threads(1):
@@ -374,6 +375,9 @@ def experiment_files(experiment, seeds, jobs, results, folder, command=None):
                                "the runs that have it; a target metric's runs that never reached it are counted "
                                "('never') and left out of its statistics"),
         "seeds_reason": experiment.seeds_reason,
+        **({"sft_start": "one per seed: every transformer run starts from the SFT start trained with its own seed "
+                         "(sft_seed = seed)"}
+           if any(runner in TRANSFORMER_RUNNERS for _, runner, _ in experiment.configurations) else {}),
         "verdicts": ("count: holds when at least the required seeds show the property; greater: holds when the "
                      "required seeds are above 0 and the 95% t-interval of the mean is above 0, does not hold when "
                      "both are true below 0, within noise otherwise; within: holds when the interval lies inside "
@@ -441,29 +445,38 @@ def _first_seed_title(title, rows):
     return f"{title} (seeds from {', '.join(map(str, starts))})" if starts else title
 
 
-def sft_folders(selected):
+def sft_starts(selected, seeds=None, seed_start=0):
+    """The distinct SFT starts (train_sft_start's keyword arguments) that the selected experiments' transformer
+    runs load, over their seeds (`seed_list`): one per seed and setting, in the order first needed."""
+    starts = {}
+    for experiment in selected:
+        for _, runner, options in experiment.configurations:
+            if SFT_STARTS.get(runner) is not None:
+                for seed in seed_list(experiment, seeds, seed_start):
+                    start = SFT_STARTS[runner](seed, **{"sft_seed": seed, **options})
+                    starts.setdefault(json.dumps(start, sort_keys=True), start)
+    return list(starts.values())
+
+
+def sft_folders(selected, seeds=None, seed_start=0):
     """The SFT cache folders the selected experiments' transformer runs train into (checked before any run)."""
-    folders = set()
-    for experiment in selected:
-        for _, runner, options in experiment.configurations:
-            if runner in TRANSFORMER_RUNNERS:
-                sft_options = {name: options[name] for name in ("sft_steps", "sft_folder") if name in options}
-                folders.add(policies.sft_cache_folder(resolve({**TRANSFORMER, **sft_options})))
-    return sorted(folders)
+    return sorted({sft.cache_folder_of(TASKS[start["task"]](start["max_new_tokens"]), sft.SFTConfig(**start["config"]),
+                                       start["folder"]) for start in sft_starts(selected, seeds, seed_start)})
 
 
-def warm_start(selected):
-    """Train (or load) every SFT start the selected experiments' transformer runs load, once, here: the
-    workers then all find it cached instead of each training the same one."""
-    seen = set()
-    for experiment in selected:
-        for _, runner, options in experiment.configurations:
-            if runner in TRANSFORMER_RUNNERS:
-                key = (options.get("sft_steps"), options.get("sft_folder"))
-                if key not in seen:
-                    seen.add(key)
-                    sft_options = {name: options[name] for name in ("sft_steps", "sft_folder") if name in options}
-                    online_tokens.setup(**TRANSFORMER, **sft_options)
+def warm_start(selected, seeds=None, seed_start=0, jobs_count=1, report=print):
+    """Train (or load) every SFT start the selected experiments' transformer runs load, once, over `jobs_count`
+    workers, before the runs: the runs then all find their start cached instead of two workers training one."""
+    jobs = [("sft", index, {}, start["config"]["seed"], "train_sft_start", start)
+            for index, start in enumerate(sft_starts(selected, seeds, seed_start))]
+    iterator = map(_run_job, jobs) if jobs_count == 1 or len(jobs) < 2 else _results_from_workers(jobs, jobs_count)
+    try:
+        for done, (index, seconds, _) in enumerate(iterator, start=1):
+            if seconds > 1.0:  # a start trained now (a cached one loads in milliseconds)
+                report(f"[sft {done}/{len(jobs)}] SFT start, seed {jobs[index][3]}: {seconds:.1f} s")
+    finally:
+        if hasattr(iterator, "close"):
+            iterator.close()
 
 
 def run_experiments(names, seeds, jobs_count, finished, report=print, table=None, seed_start=0):
@@ -474,7 +487,8 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     table: {name: Experiment}, default `experiments()`. Returns {name: seconds}, each experiment's run
     time summed over its runs."""
     table = experiments() if table is None else table
-    warm_start(table[name] for name in names)
+    _import_torch_lazy_modules()  # forked workers inherit them
+    warm_start([table[name] for name in names], seeds, seed_start, jobs_count, report)
     all_jobs, owner, seeds_of = [], {}, {}
     for name in names:
         seeds_of[name] = seed_list(table[name], seeds, seed_start)

@@ -4,6 +4,7 @@ level so that the engine's worker processes can run them."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -32,20 +33,44 @@ STUCK = 0.5  # a prompt whose exact success ends below this is stuck (its groups
 RUNNERS = {}  # name -> runner: what a configuration names and a worker runs
 TRAINING_RUNNERS = set()  # the names of the runners that train for `steps` iterations: --quick shortens them
 TRANSFORMER_RUNNERS = set()  # the names of the runners of the transformer: they load (or train) an SFT start
+SFT_STARTS = {}  # transformer runner -> starts(seed, **options): the SFT start its run loads, or None (sft_start)
 
 
-def runner(function=None, *, trains=False, transformer=False):
+def sft_start(seed, sft_seed=None, subtraction_share=None, **options):
+    """{"task", "max_new_tokens", "config" (sft.SFTConfig's fields), "folder"}: the SFT start that a transformer
+    run with `options` loads (policies.sft_config_of), as the keyword arguments of `train_sft_start`. The
+    engine gives every transformer run sft_seed = its seed, so the seeds of an experiment vary the start too."""
+    cfg = resolve({"policy": "transformer", "sft_seed": seed if sft_seed is None else sft_seed,
+                   **{name: options[name] for name in ("task", "max_new_tokens", "sft_steps", "sft_folder")
+                      if name in options}})
+    fields = {} if subtraction_share is None else {"subtraction_share": subtraction_share}
+    config = policies.sft_config_of(cfg, **fields)
+    return {"task": cfg.task, "max_new_tokens": cfg.max_new_tokens, "config": dataclasses.asdict(config),
+            "folder": cfg.sft_folder}
+
+
+def runner(function=None, *, trains=False, transformer=False, starts=sft_start):
     """Register a runner under its function's name: `@runner`, or `@runner(trains=True)` for one that takes
-    `steps` (--quick shortens it); transformer=True for one that runs the transformer from its SFT start
-    (its options' sft_steps and sft_folder say which)."""
+    `steps` (--quick shortens it); transformer=True for one that runs the transformer from an SFT start:
+    starts(seed, **options) gives the start it loads (default `sft_start`, the one of its options), which the
+    engine trains before the runs; starts=None for a runner that trains its own start inside the run."""
     def register(function):
         RUNNERS[function.__name__] = function
         if trains:
             TRAINING_RUNNERS.add(function.__name__)
         if transformer:
             TRANSFORMER_RUNNERS.add(function.__name__)
+            SFT_STARTS[function.__name__] = starts
         return function
     return register if function is None else register(function)
+
+
+@runner
+def train_sft_start(seed, task, max_new_tokens, config, folder):
+    """Train (or load) one SFT start into its cache folder (sft.load_or_train): the engine's warm start runs
+    these in its workers before the transformer runs, which then find them cached. No metrics."""
+    sft.load_or_train(TASKS[task](max_new_tokens), sft.SFTConfig(**config), folder)
+    return {"metrics": {}, "curve": []}
 
 
 def _first_step(rows, column, threshold):
@@ -739,14 +764,14 @@ def transformer_run_from(model, seed, **options):
 @runner(trains=True, transformer=True)
 def run_discover_or_sharpen(seed, subtraction_share, **options):
     """GRPO (or the algorithm given) on the transformer from the SFT start whose correct demonstrations use a
-    subtraction at `subtraction_share` (sft.subtraction_demonstrations; the start is trained once per share
-    and cached in sft_folder, the same for every seed: the seeds vary the RL run). Metrics, exactly on every
+    subtraction at `subtraction_share` (sft.subtraction_demonstrations; one start per share and SFT seed,
+    cached in sft_folder: the engine sets the SFT seed to the run's seed). Metrics, exactly on every
     test prompt before (the start) and after RL: family_pass@k / other_pass@k, family_share, covered; and
     gained / lost, the test prompts covered after and not before, and the reverse."""
     cfg = resolve({"policy": "transformer", **options})
     task = TASKS[cfg.task](cfg.max_new_tokens)
-    config = sft.SFTConfig(steps=cfg.sft_steps, subtraction_share=subtraction_share)
-    model, _, _ = sft.load_or_train(task, config, cfg.sft_folder)
+    model, _, _ = sft.load_or_train(task, policies.sft_config_of(cfg, subtraction_share=subtraction_share),
+                                    cfg.sft_folder)
     prompts = task.split_prompts("test").tolist()
     before, covered_before = family_evaluation(model, task, prompts)
     state = transformer_run_from(model, seed, **options)
@@ -870,13 +895,25 @@ def rft_step(state, batch):
     return int(correct.sum())
 
 
-@runner(trains=True, transformer=True)
+def forward_kl(state, start_batch):
+    """KL(pi_0 ‖ pi) on the RL task in nats per response, RL's Razor's predictor of forgetting: the mean over the
+    start's own samples (the first batch, drawn from pi_0) of sum_t (log pi_0 - log pi) over each response's
+    tokens, an unbiased estimate (k1 on pi_0's samples). No gradient."""
+    with torch.no_grad():
+        logps = logps_of_tokens(state.policy.logits(start_batch.prompts, start_batch.completion_ids),
+                                start_batch.completion_ids)  # (N, R)
+        mask = start_batch.mask.to(logps.dtype)
+        return ((start_batch.ref_logps - logps) * mask).sum(dim=1).mean().item()
+
+
+@runner(trains=True, transformer=True, starts=None)  # its mixed start is trained inside the run, per seed
 def run_forgetting(seed, arm, gain, **options):
     """From an SFT start that knows the RL task (Countdown) and a second skill (skill_pair: write the sum of the
     numbers), trained per seed (mixed_sft_start), train on Countdown only: arm "grpo" (online_tokens' update of
     the algorithm given) or "rft" (rft_step on the batch's correct samples), one Adam step per iteration on B*G
     fresh samples each. Before each iteration's update: the exact train success (the evaluated prompts), the
-    batch's KL(pi || pi_0) on the RL task (its own samples, nats per response), and the second skill's NLL
+    forward KL(pi_0 || pi) on the RL task (`forward_kl`, on pi_0's first batch: the paper's predictor; kl_*
+    metrics), the reverse KL(pi || pi_0) on the batch's own samples (reverse_kl_*), and the second skill's NLL
     and exact success on SKILL_PROMPTS demonstrations. Metrics: each at the start and the end, forgetting
     (the NLL's rise), the same at the first iteration whose success reaches the start's plus `gain` (the
     matched gain; the end when never reached, with reached 0), and the within-run correlation of the
@@ -887,12 +924,14 @@ def run_forgetting(seed, arm, gain, **options):
     skill = token_pair_batch(task, [skill_pair(task, prompt) for prompt in task.split_prompts("train")[:SKILL_PROMPTS]
                                     .tolist()])
     state = transformer_run_from(model, seed, **options)
-    curve = []
+    curve, start_batch = [], None
     for step in range(cfg.steps + 1):
         success = online_tokens.evaluate(state)["success_probability"]
         nll, skill_success = skill_measures(state.policy.model, skill)
         batch = online_tokens.rollout(state)
+        start_batch = batch if start_batch is None else start_batch  # pi_0's own samples: the first batch
         curve.append({"step": step, "success_probability": success, "kl_reference": batch.kl_reference,
+                      "kl_forward": forward_kl(state, start_batch),
                       "skill_nll": nll, "skill_success": skill_success, "forgetting": nll - (curve[0]["skill_nll"]
                                                                                            if curve else nll)})
         if step == cfg.steps:
@@ -908,9 +947,13 @@ def run_forgetting(seed, arm, gain, **options):
     metrics = {"success_start": first["success_probability"], "success_end": last["success_probability"],
                "skill_nll_start": first["skill_nll"], "skill_nll_end": last["skill_nll"],
                "skill_success_start": first["skill_success"], "skill_success_end": last["skill_success"],
-               "kl_end": last["kl_reference"], "forgetting_end": last["forgetting"],
-               "reached": int(matched is not None), "step_at_gain": at["step"], "kl_at_gain": at["kl_reference"],
+               "kl_end": last["kl_forward"], "reverse_kl_end": last["kl_reference"], "forgetting_end": last["forgetting"],
+               "reached": int(matched is not None), "step_at_gain": at["step"], "kl_at_gain": at["kl_forward"],
+               "reverse_kl_at_gain": at["kl_reference"],
                "forgetting_at_gain": at["forgetting"], "success_at_gain": at["success_probability"],
-               "kl_forgetting_correlation": pearson([p["kl_reference"] for p in curve[1:]],
-                                                    [p["forgetting"] for p in curve[1:]]) if len(curve) > 2 else None}
+               "kl_forgetting_correlation": pearson([p["kl_forward"] for p in curve[1:]],
+                                                    [p["forgetting"] for p in curve[1:]]) if len(curve) > 2 else None,
+               "reverse_kl_forgetting_correlation": pearson([p["kl_reference"] for p in curve[1:]],
+                                                            [p["forgetting"] for p in curve[1:]])
+               if len(curve) > 2 else None}
     return {"metrics": metrics, "curve": curve}
