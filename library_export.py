@@ -533,6 +533,7 @@ NOT_CARRIED = {
     "use_cache": "vLLM always samples with its KV cache",
     "sft_steps": "verl starts from the model's own weights: an instruct model needs no warm start",
     "sft_folder": "no SFT model to cache",
+    "sft_seed": "no warm start to seed (the data loader and rollout take the lab's --seed)",
     "eval_prompts": "the lab's exact success probability sums over every response; verl can only sample "
                     "(validation on every test prompt, see val_kwargs)",
     "eval_samples": "verl samples actor_rollout_ref.rollout.val_kwargs.n responses per test prompt",
