@@ -18,6 +18,7 @@ import rl_lab
 import sft
 from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, first_order_entropy_change,
                          policy_gradient_bias, reward_distribution)
+from lab.checks import torch_threads
 from online_algorithms import FAMILIES, differing_positions
 from online_registry import family_of
 from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET, resolve
@@ -1015,7 +1016,7 @@ def r1_zero_start(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_
     if key not in _R1_STARTS:
         generator = torch.Generator().manual_seed(seed)
         model = sft.TinyLM(config.model_config(task), generator=generator).to(sft.DTYPE)
-        with torch.enable_grad():
+        with torch.enable_grad(), torch_threads(1):  # one thread, as sft.train_sft: the same bits everywhere
             for steps, share, learning_rate in ((skill_steps, 1.0, config.learning_rate),
                                                 (answer_steps, R1_SCRATCH_SHARE, R1_ANSWER_LEARNING_RATE)):
                 if steps:
