@@ -968,6 +968,7 @@ R1_SKILL_STEPS = 600  # SFT on demonstrations that all write the items before th
 R1_ANSWER_STEPS = 400  # then SFT on the task's own mix, mostly direct answers: it learns to rarely use it
 R1_ANSWER_LEARNING_RATE = 1e-3  # the second stage's peak Adam rate, a third of the first's (sft's default)
 R1_SCRATCH_SHARE = 0.1  # share of the second stage's demonstrations that write the items
+R1_MEASURES = ("accuracy", "length", "partial_share", "accuracy_partial", "accuracy_direct")  # r1_zero_measures
 _R1_STARTS = {}  # (task config, steps, seed) -> the trained state_dict: one start per seed, trained once per process
 
 
@@ -1064,7 +1065,8 @@ def run_r1_zero(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_AN
     generator = torch.Generator().manual_seed(seed)
     curve = []
     for step in range(cfg.steps + 1):  # step 0 measures the start; step s, the policy after s updates
-        point = {"step": step, "batch_length": None, "batch_reward": None}
+        point = {"step": step, "batch_length": None, "batch_reward": None,  # None: not measured at this step
+                 **{f"test_{name}": None for name in R1_MEASURES}}
         if step:
             batch = online_tokens.rollout(state)
             online_tokens.update(state, batch, state.algorithm.credit(batch))
@@ -1076,7 +1078,7 @@ def run_r1_zero(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_AN
         curve.append(point)
     first, final = curve[0], {name[len("test_"):]: value for name, value in curve[-1].items() if name[:5] == "test_"}
     metrics = {}
-    for name in ("accuracy", "length", "partial_share", "accuracy_partial", "accuracy_direct"):
+    for name in R1_MEASURES:
         start, end = first[f"test_{name}"], final[name]
         metrics.update({f"{name}_start": start, f"{name}_end": end,
                         f"{name}_change": None if start is None or end is None else end - start})
