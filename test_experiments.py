@@ -689,6 +689,7 @@ class R1Zero(unittest.TestCase):
             self.assertEqual(metrics[f"{name}_change"], metrics[f"{name}_end"] - metrics[f"{name}_start"])
             self.assertEqual(metrics[f"{name}_start"], curve[0][f"test_{name}"])
         self.assertIsNone(curve[0]["batch_length"])  # nothing sampled for training before the first update
+        self.assertIsNone(curve[1]["test_accuracy"])  # measured every 2 iterations and at the end
         # the measures against a slow count: the same draw of the start, response by response
         task = runners.r1_zero_task("running", 16)
         model = runners.r1_zero_start(0, "running", quick["skill_steps"], quick["answer_steps"])
