@@ -3,19 +3,19 @@ optionally writing the running results.
 
     from running_total import RunningTotalConfig, RunningTotalTask
     task = RunningTotalTask(RunningTotalConfig())          # 6 digits 1..9, 5 operators from + and *, mod 10
-    task.decode(task.prompt_tokens([0])[0])                # e.g. 'BOS3+5*7+9*4+2='
-    [task.decode(s) for s in task.solutions(0)]            # e.g. ['2EOS', '8;6;5;0;2EOS']
+    task.decode(task.prompt_tokens([0])[0])                # 'BOS9+1*3*7+8+7='
+    [task.decode(s) for s in task.solutions(0)]            # ['5EOS', ';0;0;0;8;5EOS']
 
 The atlas's r1-zero experiment (DeepSeek-R1, arXiv 2501.12948, sec. 2.2) in miniature: R1-Zero's responses
 grow longer under RL together with the share of right answers, as the model writes out more of its
 computation. This task gives a tiny transformer the same choice. A prompt is K digits joined by K - 1
 operators ('+' or '*'); its answer is the value computed left to right, every step taken mod 10
 (x1 = d1, x_k = (x_{k-1} op d_k) mod 10, the answer x_K). A response either answers at once or first
-writes the running results x2 .. x_{K-1}, one digit each, separated by ';', the last item being the answer:
+writes the running results x2 .. xK, one digit each after a ';', the last one being the answer:
 
     prompt   BOS 3 + 5 * 7 + 9 * 4 + 2 =
     direct   2 EOS                                       (2 tokens)
-    partials 8 ; 6 ; 5 ; 0 ; 2 EOS                       (10 tokens: 3+5=8, 8*7=56->6, 6+9=15->5, 5*4=20->0, 0+2)
+    partials ; 8 ; 6 ; 5 ; 0 ; 2 EOS                     (11 tokens: 3+5=8, 8*7=56->6, 6+9=15->5, 5*4=20->0, 0+2)
 
 The verifier checks only the final answer: reward 1.0 when the response stops (EOS) and its last item (the
 token before EOS, after a ';' or at the start) is the answer; 0.0 otherwise. What comes before the last
@@ -67,7 +67,7 @@ class RunningTotalConfig:
     digits: digits per prompt K (3..8); scratchpad: "running" (the demonstrations' items before the answer
     are the running results) or "noise" (random digits); scratch_share: share of the SFT demonstrations
     that write K - 2 items before the answer, in [0, 1]; max_new_tokens: the response cap, at least the
-    longest demonstration (2 (K - 1) tokens with its EOS) and at most 64; train_prompts, test_prompts:
+    longest demonstration (2K - 1 tokens with its EOS) and at most 64; train_prompts, test_prompts:
     the sizes of the splits (1 .. 100000 each); split_seed: seeds the pool of prompts, an int in [0, 2**63).
     Raises ValueError naming the field for a bad value.
     """
@@ -288,7 +288,8 @@ class RunningTotalTask:
     def describe(self, prompt):
         """{"prompt": the prompt's text, "answer": the direct answer's text}, for a decoded batch."""
         prompt = self._check_prompt("prompt", prompt)
-        return {"prompt": self.decode(self.prompt_tokens([prompt])[0]), "answer": self.decode(self.solutions(prompt)[0])}
+        return {"prompt": self.decode(self.prompt_tokens([prompt])[0]),
+                "answer": self.decode(self.solutions(prompt)[0])}
 
     def decode(self, tokens):
         """The text of token ids (a list, tuple or 1-D integer tensor): their strings joined."""
@@ -327,8 +328,8 @@ class RunningTotalTask:
             "config": dataclasses.asdict(self.config),
             "prompt_format": "BOS, d1 op1 d2 ... dK (digits 1..9, operators + and *), '='",
             "answer": "the chain's value, left to right, every step mod 10",
-            "response_format": "digits separated by ';', then EOS; the last one is the answer",
-            "verifier": "1.0 when the last digit (after the last ';', before EOS) is the answer, else 0.0",
+            "response_format": "the answer digit, or digits each after a ';', then EOS; the last digit is the answer",
+            "verifier": "1.0 when the digit before EOS (after a ';' or alone) is the answer, else 0.0",
             "example": {"prompt": self.decode(self.prompt_tokens([0])[0]),
                         "solutions": [self.decode(solution) for solution in self.solutions(0)]},
             "vocab": list(self.vocab),

@@ -773,8 +773,10 @@ def assert_options_are_settings(test, runner, options):
     if runner in ONLINE_RUNNERS:
         online_settings.resolve(dict(passed))
     elif runner in ("run_transformer", "run_spurious", "run_reward_hacking", "run_discover_or_sharpen",
-                    "run_forgetting", "run_r1_zero"):
+                    "run_forgetting"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
+    elif runner == "run_r1_zero":  # its own response cap unless the options give one
+        online_settings.resolve({**runners.TRANSFORMER, "max_new_tokens": runners.R1_MAX_NEW_TOKENS, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})
     elif runner == "run_bandit":

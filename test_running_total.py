@@ -32,7 +32,8 @@ class RunningTotal(unittest.TestCase):
         answer = task.answer(1)
         right, wrong, eos, sep = answer, (answer + 1) % 10, task.eos_id, task.separator_id
         cases = [([right, eos], False, 1.0), ([sep, 7, sep, 7, sep, right, eos], False, 1.0),
-                 ([sep, right, eos], False, 1.0), ([wrong, eos], False, 0.0), ([sep, right, sep, wrong, eos], False, 0.0),
+                 ([sep, right, eos], False, 1.0), ([wrong, eos], False, 0.0),
+                 ([sep, right, sep, wrong, eos], False, 0.0),
                  ([7, right, eos], False, 0.0),  # two digits: not one item
                  ([task.equals_id, right, eos], False, 0.0), ([eos], False, 0.0),
                  ([sep, right] * 8, True, 0.0)]  # truncated at the cap of 16

@@ -968,6 +968,7 @@ R1_SKILL_STEPS = 600  # SFT on demonstrations that all write the items before th
 R1_ANSWER_STEPS = 400  # then SFT on the task's own mix, mostly direct answers: it learns to rarely use it
 R1_ANSWER_LEARNING_RATE = 1e-3  # the second stage's peak Adam rate, a third of the first's (sft's default)
 R1_SCRATCH_SHARE = 0.1  # share of the second stage's demonstrations that write the items
+R1_MAX_NEW_TOKENS = 16  # the response cap of the r1-zero runs unless they give one: room past the full scratchpad (11)
 R1_MEASURES = ("accuracy", "length", "partial_share", "accuracy_partial", "accuracy_direct")  # r1_zero_measures
 _R1_STARTS = {}  # (task config, steps, seed) -> the trained state_dict: one start per seed, trained once per process
 
@@ -1002,8 +1003,8 @@ def r1_zero_task(scratchpad, max_new_tokens, scratch_share=R1_SCRATCH_SHARE):
                                                max_new_tokens=max_new_tokens))
 
 
-def r1_zero_start(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_ANSWER_STEPS, max_new_tokens=16,
-                  **options):
+def r1_zero_start(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_ANSWER_STEPS,
+                  max_new_tokens=R1_MAX_NEW_TOKENS, **options):
     """The SFT start of seed `seed`, a TinyLM of sft.SFTConfig's size (float32, eval mode), trained in two stages
     from one generator seeded by `seed` (the demonstrations, the weights, the order): skill_steps steps on
     demonstrations that all write the items before the answer (the running results, or noise), then
@@ -1058,10 +1059,11 @@ def run_r1_zero(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_AN
     run's seed, apart from the run's): accuracy, length, the share writing items, and the accuracy with and
     without them. Metrics: each at the start (the SFT start) and the end, and the change; curve: those
     points, with the batch's mean length and reward at every iteration."""
-    cfg = resolve({"policy": "transformer", "max_new_tokens": 16, **options})
+    options = {"max_new_tokens": R1_MAX_NEW_TOKENS, **options}
+    cfg = resolve({"policy": "transformer", **options})
     task = r1_zero_task(scratchpad, cfg.max_new_tokens)
     model = r1_zero_start(seed, scratchpad, skill_steps, answer_steps, cfg.max_new_tokens)
-    state = transformer_run_from(model, seed, task=task, **{"max_new_tokens": 16, **options})
+    state = transformer_run_from(model, seed, task=task, **options)
     generator = torch.Generator().manual_seed(seed)
     curve = []
     for step in range(cfg.steps + 1):  # step 0 measures the start; step s, the policy after s updates
