@@ -713,15 +713,15 @@ class R1Zero(unittest.TestCase):
             self.assertAlmostEqual(measured["accuracy_partial"], right_partial / partial, delta=1e-12)
         self.assertEqual(measured, {name[5:]: value for name, value in curve[0].items() if name[:5] == "test_"})
 
-    def test_the_engine_trains_a_runners_own_start_for_every_seed_before_the_runs(self):
-        calls = []
-        experiment = catalog.Experiment("t", "", "", "", [({"n": 0}, "run_r1_zero", {"scratchpad": "noise"})],
-                                        ["m"], seeds_reason="a test")
-        with mock.patch.dict(runners.WARM_STARTS, run_r1_zero=lambda seed, **options: calls.append((seed, options))):
-            engine.warm_start([experiment], {"t": [3, 4]})
-            engine.warm_start([experiment])  # without seeds: nothing to train
-        self.assertEqual(calls, [(3, {"scratchpad": "noise"}), (4, {"scratchpad": "noise"})])
-        self.assertEqual(engine.sft_folders([experiment]), [])  # its start lives in memory, not in an SFT cache
+    def test_the_engine_trains_no_cached_start_for_r1_zero_its_runs_train_their_own(self):
+        experiment = catalog.experiments()["r1-zero"]
+        self.assertIsNone(runners.SFT_STARTS["run_r1_zero"])
+        self.assertEqual(engine.sft_starts([experiment]), [])
+        self.assertEqual(engine.sft_folders([experiment]), [])
+        # a start per seed: two seeds give two different starts, one seed the same start twice
+        first, again, other = (runners.r1_zero_start(seed, "running", 2, 1) for seed in (0, 0, 1))
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values())))
+        self.assertFalse(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values())))
 
 
 # one experiment per runner, the cheapest, for the runs at quick size
