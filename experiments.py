@@ -61,7 +61,7 @@ NAMES = ("kl-estimators", "reduction-length-bias", "std-scaling", "zero-variance
          "chain-lambda", "reward-shift", "sparse-reward", "passk-narrowing", "rl-generalization",
          "clip-higher-entropy", "length-growth", "precision-mismatch", "kl-placement", "padding-bug",
          "kl-optimum", "entropy-mechanism", "dpo-displacement", "negative-samples", "spurious-rewards",
-         "reward-hacking", "discover-or-sharpen", "forgetting")
+         "reward-hacking", "discover-or-sharpen", "forgetting", "r1-zero")
 DEFAULT_SEEDS = 5
 QUICK_STEPS = 4
 # what an experiment's folder may hold: every file the engine writes there

@@ -679,11 +679,56 @@ class MechanismsAtReducedSize(unittest.TestCase):
                 self.assertTrue(title.startswith(f"{name}: "), title)
 
 
+class R1Zero(unittest.TestCase):
+    def test_r1_zero_measures_what_a_slow_count_of_its_samples_gives(self):
+        quick = engine.at_quick_size(catalog.experiments()["r1-zero"]).configurations[0][2]
+        result = runners.run_r1_zero(0, **quick)
+        metrics, curve = result["metrics"], result["curve"]
+        self.assertEqual([point["step"] for point in curve], [0, 1, 2])
+        for name in ("accuracy", "length", "partial_share"):
+            self.assertEqual(metrics[f"{name}_change"], metrics[f"{name}_end"] - metrics[f"{name}_start"])
+            self.assertEqual(metrics[f"{name}_start"], curve[0][f"test_{name}"])
+        self.assertIsNone(curve[0]["batch_length"])  # nothing sampled for training before the first update
+        self.assertIsNone(curve[1]["test_accuracy"])  # measured every 2 iterations and at the end
+        # the measures against a slow count: the same draw of the start, response by response
+        task = runners.r1_zero_task("running", 16)
+        model = runners.r1_zero_start(0, "running", quick["skill_steps"], quick["answer_steps"])
+        state = runners.transformer_run_from(model, 0, task=task, **{**catalog.TRANSFORMER_QUICK,
+                                                                      "max_new_tokens": 16})
+        measured = runners.r1_zero_measures(state, 1, torch.Generator().manual_seed(0))
+        drawn = state.policy.sample(task.split_prompts("test"), torch.Generator().manual_seed(0))
+        correct = partial = right_partial = length = 0
+        for prompt, ids, kept, cut in zip(task.split_prompts("test").tolist(), drawn.completion_ids.tolist(),
+                                          drawn.real.sum(dim=1).tolist(), drawn.truncated.tolist()):
+            tokens = ids[:kept]
+            score = task.verify(prompt, tokens, cut)
+            writes = tokens.count(task.separator_id) >= 2
+            correct, partial, length = correct + score, partial + writes, length + len(tokens)
+            right_partial += score * writes
+        count = task.prompt_count("test")
+        self.assertAlmostEqual(measured["accuracy"], correct / count, delta=1e-12)
+        self.assertAlmostEqual(measured["length"], length / count, delta=1e-12)
+        self.assertAlmostEqual(measured["partial_share"], partial / count, delta=1e-12)
+        if partial:
+            self.assertAlmostEqual(measured["accuracy_partial"], right_partial / partial, delta=1e-12)
+        self.assertEqual(measured, {name[5:]: value for name, value in curve[0].items() if name[:5] == "test_"})
+
+    def test_the_engine_trains_no_cached_start_for_r1_zero_its_runs_train_their_own(self):
+        experiment = catalog.experiments()["r1-zero"]
+        self.assertIsNone(runners.SFT_STARTS["run_r1_zero"])
+        self.assertEqual(engine.sft_starts([experiment]), [])
+        self.assertEqual(engine.sft_folders([experiment]), [])
+        # a start per seed: two seeds give two different starts, one seed the same start twice
+        first, again, other = (runners.r1_zero_start(seed, "running", 2, 1) for seed in (0, 0, 1))
+        self.assertTrue(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values())))
+        self.assertFalse(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values())))
+
+
 # one experiment per runner, the cheapest, for the runs at quick size
 QUICK_EXPERIMENTS = ("kl-estimators", "microbatch", "zero-variance", "std-scaling", "sampler-mismatch",
                      "grpo2-vs-dpo", "dpo-label-flips", "chain-lambda", "reward-shift", "padding-bug", "kl-optimum",
                      "entropy-mechanism", "dpo-displacement", "spurious-rewards", "reward-hacking",
-                     "discover-or-sharpen", "forgetting")
+                     "discover-or-sharpen", "forgetting", "r1-zero")
 
 
 def assert_schema(test, experiment, folder, files):
@@ -730,6 +775,8 @@ def assert_options_are_settings(test, runner, options):
     elif runner in ("run_transformer", "run_spurious", "run_reward_hacking", "run_discover_or_sharpen",
                     "run_forgetting"):
         online_settings.resolve({**runners.TRANSFORMER, **passed})
+    elif runner == "run_r1_zero":  # its own response cap unless the options give one
+        online_settings.resolve({**runners.TRANSFORMER, "max_new_tokens": runners.R1_MAX_NEW_TOKENS, **passed})
     elif runner == "run_dpo_displacement":
         online_settings.resolve({**runners.TRANSFORMER, "algorithm": "dpo", **passed})
     elif runner == "run_bandit":

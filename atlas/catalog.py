@@ -1844,6 +1844,105 @@ def _forgetting():
     )
 
 
+R1_STEPS = 40  # GRPO iterations: one pilot run (seed 0) reached most of its length by iteration 10 of 100
+R1_OVERLONG_CACHE = 10  # DAPO's soft overlong cache: with the cap of 16, a response past 6 tokens loses reward
+R1_LENGTH_MARGIN = 0.5  # "length does not grow": the test mean length ends at most this many tokens above the start
+R1_ARMS = {"useful": {"scratchpad": "running"}, "useless": {"scratchpad": "noise"},
+           "overlong": {"scratchpad": "running", "overlong_penalty": R1_OVERLONG_CACHE}}
+
+
+@functools.lru_cache(maxsize=1)
+def _r1_zero_verifier():
+    """The verifier against the task's own definition, on every test prompt of the running-total task (exact):
+    the two canonical answers score 1, the direct answer with another digit 0, and noise written before the
+    right final answer 1 (only the final answer is read)."""
+    from running_total import RunningTotalConfig, RunningTotalTask  # a few ms; the catalogue stays light
+    task = RunningTotalTask(RunningTotalConfig())
+    violations = 0
+    for prompt in task.split_prompts("test").tolist():
+        answer = task.answer(prompt)
+        direct, running = task.solutions(prompt)
+        noise = (task.separator_id, (answer + 3) % 10, task.separator_id, answer, task.eos_id)
+        wrong = ((answer + 1) % 10, task.eos_id)
+        scores = [task.verify(prompt, list(tokens), False) for tokens in (direct, running, noise, wrong)]
+        violations += scores != [1.0, 1.0, 1.0, 0.0]
+    return {"violations": violations, "prompts": task.prompt_count("test")}
+
+
+def _r1_zero():
+    useful, useless, overlong = (C({"arm": arm}) for arm in R1_ARMS)
+
+    def change(configuration, metric):
+        return lambda runs: runs[configuration][f"{metric}_change"]
+
+    return _transformer_experiment(
+        name="r1-zero",
+        summary="transformer GRPO on a task where writing the running results helps: test accuracy and response "
+                "length grow together; not when the written items are noise; the overlong penalty",
+        source="DeepSeek-AI 2025, 'DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement "
+               "Learning', arXiv 2501.12948, sec. 2.2 (R1-Zero); DAPO, arXiv 2503.14476, sec. 3.4 (overlong shaping)",
+        claim="The task (running_total.py): a prompt is 6 digits joined by 5 operators, + or *, computed left to "
+              "right mod 10 (BOS 3+5*7+9*4+2 =); a response answers at once (2 EOS, 2 tokens) or first writes the "
+              "running results, each after a ';' (;8;6;5;0;2 EOS, 11 tokens). The verifier reads only the final "
+              "answer, the digit before EOS. Each seed trains its own SFT start in two stages: 600 steps on "
+              "demonstrations that all write the items (the model that can write out its computation), then 400 "
+              "on a mix where a tenth do (the tuning that makes it answer at once). GRPO then runs 40 iterations "
+              "with the lab's transformer defaults. Every 5 iterations the policy answers every one of the 512 "
+              "test prompts once (sampled, 512 responses a point). The arms: useful (the items are the running "
+              "results); useless (the same task, prompts and lengths, but the SFT items are random digits, so "
+              "writing them cannot help); overlong (useful, with DAPO's soft overlong penalty, cache "
+              f"{R1_OVERLONG_CACHE} of the cap 16: a response of 7 tokens or more loses reward, the full scratchpad "
+              "0.5). The claims: in the useful arm accuracy, length and the share writing the items grow together; "
+              "the SFT start is right more often when it writes them. The stated cause, length grows because the "
+              "written results raise accuracy, has its ablation: with useless items length must not grow.",
+        configurations=[({"arm": arm}, "run_r1_zero", {**options, "steps": R1_STEPS, "measure_every": 5,
+                                                        "measure_samples": 1, "eval_prompts": 2, "eval_samples": 0})
+                        for arm, options in R1_ARMS.items()],
+        metrics=["accuracy_start", "accuracy_end", "length_start", "length_end", "partial_share_start",
+                 "partial_share_end", "accuracy_partial_start", "accuracy_direct_start"],
+        curves=("test_accuracy", "test_length", "test_partial_share", "batch_length", "batch_reward"),
+        claims=[
+            Check("The verifier reads only the final answer: on every test prompt both canonical answers and noise "
+                  "items before the right answer score 1, a wrong direct answer 0 (exact)",
+                  lambda _: _r1_zero_verifier()["violations"] == 0, "exact"),
+            Claim("The SFT start is right more often when it writes the running results: its test accuracy with "
+                  "them minus without, on the same sampled prompts",
+                  lambda runs: _minus(runs[useful]["accuracy_partial_start"], runs[useful]["accuracy_direct_start"]),
+                  "greater", 0.8),
+            Claim("Useful: test accuracy rises under RL (end minus start)", change(useful, "accuracy"), "greater", 0.8),
+            Claim("Useful: the mean test response length rises with it", change(useful, "length"), "greater", 0.8),
+            Claim("Useful: the share of test responses that write the running results rises",
+                  change(useful, "partial_share"), "greater", 0.8),
+            Claim(f"The ablation, useless items: the mean test length does not grow (it ends at most "
+                  f"{R1_LENGTH_MARGIN} token above the start)",
+                  lambda runs: runs[useless]["length_change"] <= R1_LENGTH_MARGIN, at_least=0.8,
+                  note="The sequence-mean loss has a length bias of its own (length-growth): if length grew for "
+                       "that reason, it would grow here too."),
+            Claim("The useful arm's length grows more than the useless arm's",
+                  difference("length_change", useful, useless), "greater", 0.8),
+            Claim("The overlong penalty keeps responses shorter: final test length, useful minus overlong",
+                  difference("length_end", useful, overlong), "greater", 0.8),
+            Claim("... and with them the accuracy lower: final test accuracy, useful minus overlong",
+                  difference("accuracy_end", useful, overlong), "greater", 0.8),
+        ],
+        color_by=["arm"], panels=[
+            {"kind": "curves", "columns": ["test_accuracy"], "title": "test accuracy (512 samples a point)",
+             "ylabel": "share correct"},
+            {"kind": "curves", "columns": ["test_length"], "title": "mean test response length",
+             "ylabel": "tokens (EOS included)"},
+            {"kind": "curves", "columns": ["test_partial_share"], "title": "share writing the running results",
+             "ylabel": "share of test responses"},
+            {"kind": "values", "metrics": ["accuracy_partial_start", "accuracy_direct_start"],
+             "title": "the SFT start's accuracy with and without them", "ylabel": "share correct"}],
+        quick={**TRANSFORMER_QUICK, "skill_steps": 20, "answer_steps": 10, "measure_every": 2},
+        cost=40.0,
+        seeds_reason="one pilot run (seed 0, 100 iterations, of the default set) gave accuracy +0.44 and length "
+                     "+7.6 tokens, each many times a sampled point's error (0.02 and 0.1 at 512 responses), so 5 "
+                     "seeds; each seed trains its own two SFT starts (about 20 s each), so the seeds replicate over "
+                     "SFT starts",
+    )
+
+
 def experiments():
     """Every experiment of the atlas, by name."""
     found = [_kl_estimators(), _reduction_length_bias(), _std_scaling(), _zero_variance(), _clip_higher(),
@@ -1852,5 +1951,5 @@ def experiments():
              _passk_narrowing(), _rl_generalization(), _clip_higher_entropy(), _length_growth(),
              _precision_mismatch(), _kl_placement(), _padding_bug(),
              _kl_optimum(), _entropy_mechanism(), _dpo_displacement(), _negative_samples(),
-             _spurious_rewards(), _reward_hacking(), _discover_or_sharpen(), _forgetting()]
+             _spurious_rewards(), _reward_hacking(), _discover_or_sharpen(), _forgetting(), _r1_zero()]
     return {experiment.name: experiment for experiment in found}

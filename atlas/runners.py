@@ -18,11 +18,13 @@ import rl_lab
 import sft
 from atlas.exact import (REWARD_CLASSES, all_responses, expected_wrong_length, first_order_entropy_change,
                          policy_gradient_bias, reward_distribution)
+from lab.checks import torch_threads
 from online_algorithms import FAMILIES, differing_positions
 from online_registry import family_of
 from online_settings import LAST_ITERATIONS as LAST, TARGET_SUCCESS as TARGET, resolve
 from policies import logps_of_tokens
 from rl_lab import DTYPE
+from running_total import RunningTotalConfig, RunningTotalTask
 from tasks import TASKS
 from tiny_lm import completion_log_probs
 
@@ -740,11 +742,12 @@ def family_evaluation(model, task, prompts):
     return metrics, covered
 
 
-def transformer_run_from(model, seed, **options):
+def transformer_run_from(model, seed, task=None, **options):
     """An online_tokens Run of the transformer policy `model` (its SFT start, trained elsewhere) as
-    online_tokens.setup builds one, whose own start is the default SFT model."""
+    online_tokens.setup builds one, whose own start is the default SFT model; on `task` (None: the
+    settings' task, TASKS[cfg.task])."""
     cfg = resolve({"policy": "transformer", "seed": seed, **options})
-    task = TASKS[cfg.task](cfg.max_new_tokens)
+    task = TASKS[cfg.task](cfg.max_new_tokens) if task is None else task
     sampler_dtype = None if cfg.sampler_dtype is None else policies.DTYPES[cfg.sampler_dtype]
     policy = policies.TransformerPolicy(model.to(policies.DTYPES[cfg.dtype]), task, cfg.temperature,
                                         cfg.max_new_tokens, sampler_dtype, cfg.use_cache, cfg.position_ids)
@@ -956,4 +959,129 @@ def run_forgetting(seed, arm, gain, **options):
                "reverse_kl_forgetting_correlation": pearson([p["kl_reference"] for p in curve[1:]],
                                                             [p["forgetting"] for p in curve[1:]])
                if len(curve) > 2 else None}
+    return {"metrics": metrics, "curve": curve}
+
+
+# r1-zero: a task where writing the running results helps (running_total.py), from an SFT start per seed that
+# can write them and rarely does
+R1_SKILL_STEPS = 600  # SFT on demonstrations that all write the items before the answer: the start learns the skill
+R1_ANSWER_STEPS = 400  # then SFT on the task's own mix, mostly direct answers: it learns to rarely use it
+R1_ANSWER_LEARNING_RATE = 1e-3  # the second stage's peak Adam rate, a third of the first's (sft's default)
+R1_SCRATCH_SHARE = 0.1  # share of the second stage's demonstrations that write the items
+R1_MAX_NEW_TOKENS = 16  # the response cap of the r1-zero runs unless they give one: room past the full scratchpad (11)
+R1_MEASURES = ("accuracy", "length", "partial_share", "accuracy_partial", "accuracy_direct")  # r1_zero_measures
+_R1_STARTS = {}  # (task config, steps, seed) -> the trained state_dict: one start per seed, trained once per process
+
+
+def _sft_stage(model, task, pairs, steps, learning_rate, generator):
+    """`steps` Adam steps of sft.train_sft's recipe (its batch size, betas, clip and schedule, peak rate
+    `learning_rate`, a fresh Adam) on `pairs`, in batches drawn as shuffled passes from `generator`."""
+    config = sft.SFTConfig(steps=steps, learning_rate=learning_rate)
+    ids, attention, completion = sft.pair_batch(task, *zip(*pairs))  # (M, T) each
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate, betas=sft.ADAM_BETAS, eps=sft.ADAM_EPS,
+                                 foreach=True)
+    per_pass = len(pairs) // config.batch_size
+    model.train()
+    for step in range(1, steps + 1):
+        if (step - 1) % per_pass == 0:
+            order = torch.randperm(len(pairs), generator=generator)
+        rows = order[((step - 1) % per_pass) * config.batch_size:][:config.batch_size]
+        loss = sft._training_loss(model, ids[rows], attention[rows], completion[rows])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
+        for group in optimizer.param_groups:
+            group["lr"] = sft.learning_rate_at(step, config)
+        optimizer.step()
+    model.eval()
+
+
+def r1_zero_task(scratchpad, max_new_tokens, scratch_share=R1_SCRATCH_SHARE):
+    """The running-total task of the r1-zero runs: its demonstrations' items are `scratchpad` ("running"
+    results, or "noise"), a share scratch_share of them write items."""
+    return RunningTotalTask(RunningTotalConfig(scratchpad=scratchpad, scratch_share=scratch_share,
+                                               max_new_tokens=max_new_tokens))
+
+
+def r1_zero_start(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_ANSWER_STEPS,
+                  max_new_tokens=R1_MAX_NEW_TOKENS, **options):
+    """The SFT start of seed `seed`, a TinyLM of sft.SFTConfig's size (float32, eval mode), trained in two stages
+    from one generator seeded by `seed` (the demonstrations, the weights, the order): skill_steps steps on
+    demonstrations that all write the items before the answer (the running results, or noise), then
+    answer_steps steps at R1_ANSWER_LEARNING_RATE on the task's mix, a share R1_SCRATCH_SHARE writing them.
+    Each stage draws steps x 64 demonstrations (each seen once). The first stage plays the pretrained model
+    that can write out a computation, the second the tuning that makes it answer at once. Other options are
+    the run's (ignored here)."""
+    task = r1_zero_task(scratchpad, max_new_tokens)
+    key = (task.config, skill_steps, answer_steps, seed)
+    config = sft.SFTConfig(seed=seed)
+    if key not in _R1_STARTS:
+        generator = torch.Generator().manual_seed(seed)
+        model = sft.TinyLM(config.model_config(task), generator=generator).to(sft.DTYPE)
+        with torch.enable_grad(), torch_threads(1):  # one thread, as sft.train_sft: the same bits everywhere
+            for steps, share, learning_rate in ((skill_steps, 1.0, config.learning_rate),
+                                                (answer_steps, R1_SCRATCH_SHARE, R1_ANSWER_LEARNING_RATE)):
+                if steps:
+                    stage = r1_zero_task(scratchpad, max_new_tokens, share)
+                    pairs = stage.demonstrations(steps * config.batch_size, generator)
+                    _sft_stage(model, stage, pairs, steps, learning_rate, generator)
+        _R1_STARTS[key] = {name: value.clone() for name, value in model.state_dict().items()}
+    model = sft.TinyLM(config.model_config(task)).to(sft.DTYPE)
+    model.load_state_dict(_R1_STARTS[key])
+    return model.eval()
+
+
+@torch.no_grad()
+def r1_zero_measures(state, samples, generator):
+    """The run's current policy on every test prompt, `samples` responses each (prompt-major), sampled from
+    `generator`: accuracy (the verifier's), mean length (tokens, EOS included), the share that writes items
+    before the answer (task.writes_partials), and the accuracy of those and of the others (None: none)."""
+    prompts = state.task.split_prompts("test").repeat_interleave(samples)  # (P,) -> (P*S,)
+    drawn = state.policy.sample(prompts, generator)
+    correct = state.task.correct(state.task.rewards(prompts, drawn.completion_ids, drawn.real, drawn.truncated))
+    partial = torch.tensor([state.task.writes_partials(ids[:kept]) for ids, kept in zip(
+        drawn.completion_ids.tolist(), drawn.real.sum(dim=1).tolist())], dtype=torch.bool)  # (P*S,)
+
+    def accuracy(rows):
+        return correct[rows].double().mean().item() if bool(rows.any()) else None
+
+    return {"accuracy": correct.double().mean().item(), "length": drawn.real.sum(dim=1).double().mean().item(),
+            "partial_share": partial.double().mean().item(), "accuracy_partial": accuracy(partial),
+            "accuracy_direct": accuracy(~partial)}
+
+
+@runner(trains=True, transformer=True, starts=None)  # its two-stage start is trained inside the run, per seed
+def run_r1_zero(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_ANSWER_STEPS, measure_every=10,
+                measure_samples=2, **options):
+    """GRPO (or the algorithm given) on the running-total task from the seed's SFT start (r1_zero_start) whose
+    items before the answer are `scratchpad`. Every measure_every iterations and at the end, the policy
+    on every test prompt, measure_samples responses each (r1_zero_measures, from a generator seeded by the
+    run's seed, apart from the run's): accuracy, length, the share writing items, and the accuracy with and
+    without them. Metrics: each at the start (the SFT start) and the end, and the change; curve: those
+    points, with the batch's mean length and reward at every iteration."""
+    options = {"max_new_tokens": R1_MAX_NEW_TOKENS, **options}
+    cfg = resolve({"policy": "transformer", **options})
+    task = r1_zero_task(scratchpad, cfg.max_new_tokens)
+    model = r1_zero_start(seed, scratchpad, skill_steps, answer_steps, cfg.max_new_tokens)
+    state = transformer_run_from(model, seed, task=task, **options)
+    generator = torch.Generator().manual_seed(seed)
+    curve = []
+    for step in range(cfg.steps + 1):  # step 0 measures the start; step s, the policy after s updates
+        point = {"step": step, "batch_length": None, "batch_reward": None,  # None: not measured at this step
+                 **{f"test_{name}": None for name in R1_MEASURES}}
+        if step:
+            batch = online_tokens.rollout(state)
+            online_tokens.update(state, batch, state.algorithm.credit(batch))
+            point.update(batch_length=batch.mask.sum(dim=1).double().mean().item(),
+                         batch_reward=batch.rewards.mean().item())
+        if step % measure_every == 0 or step == cfg.steps:
+            point.update({f"test_{name}": value for name, value in r1_zero_measures(state, measure_samples,
+                                                                                     generator).items()})
+        curve.append(point)
+    first, final = curve[0], {name[len("test_"):]: value for name, value in curve[-1].items() if name[:5] == "test_"}
+    metrics = {}
+    for name in R1_MEASURES:
+        start, end = first[f"test_{name}"], final[name]
+        metrics.update({f"{name}_start": start, f"{name}_end": end,
+                        f"{name}_change": None if start is None or end is None else end - start})
     return {"metrics": metrics, "curve": curve}
