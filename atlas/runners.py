@@ -5,6 +5,7 @@ level so that the engine's worker processes can run them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 
@@ -996,6 +997,7 @@ def _sft_stage(model, task, pairs, steps, learning_rate, generator):
     model.eval()
 
 
+@functools.lru_cache(maxsize=None)  # a task is read, never written: building its 20,512 prompts once a process
 def r1_zero_task(scratchpad, max_new_tokens, scratch_share=R1_SCRATCH_SHARE):
     """The running-total task of the r1-zero runs: its demonstrations' items are `scratchpad` ("running"
     results, or "noise"), a share scratch_share of them write items."""
