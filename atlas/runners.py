@@ -841,22 +841,7 @@ def mixed_sft_start(task, steps, seed):
         pairs = [skill_pair(task, prompt) if u < SKILL_SHARE else (tokens, list(response))
                  for (prompt, response), tokens, u in zip(demonstrations, prompt_tokens, draws)]
         model = sft.TinyLM(model_config, generator=generator).to(sft.DTYPE)
-        ids, attention, completion = token_pair_batch(task, pairs)
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=sft.ADAM_BETAS,
-                                     eps=sft.ADAM_EPS, foreach=True)
-        per_pass = len(pairs) // config.batch_size
-        model.train()
-        for step in range(1, steps + 1):
-            if (step - 1) % per_pass == 0:
-                order = torch.randperm(len(pairs), generator=generator)
-            rows = order[((step - 1) % per_pass) * config.batch_size:][:config.batch_size]
-            loss = sft._training_loss(model, ids[rows], attention[rows], completion[rows])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip, foreach=True)
-            for group in optimizer.param_groups:
-                group["lr"] = sft.learning_rate_at(step, config)
-            optimizer.step()
+        _sft_stage(model, token_pair_batch(task, pairs), steps, config, generator)
         _MIXED_STARTS[key] = {name: value.clone() for name, value in model.state_dict().items()}
     model = sft.TinyLM(model_config).to(sft.DTYPE)
     model.load_state_dict(_MIXED_STARTS[key])
@@ -974,18 +959,18 @@ R1_MEASURES = ("accuracy", "length", "partial_share", "accuracy_partial", "accur
 _R1_STARTS = {}  # (task config, steps, seed) -> the trained state_dict: one start per seed, trained once per process
 
 
-def _sft_stage(model, task, pairs, steps, learning_rate, generator):
-    """`steps` Adam steps of sft.train_sft's recipe (its batch size, betas, clip and schedule, peak rate
-    `learning_rate`, a fresh Adam) on `pairs`, in batches drawn as shuffled passes from `generator`."""
-    config = sft.SFTConfig(steps=steps, learning_rate=learning_rate)
-    ids, attention, completion = sft.pair_batch(task, *zip(*pairs))  # (M, T) each
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate, betas=sft.ADAM_BETAS, eps=sft.ADAM_EPS,
+def _sft_stage(model, batch, steps, config, generator):
+    """`steps` Adam steps of sft.train_sft's recipe on batch = (ids, attention, completion) (M, T) each: `config`'s
+    batch size, clip and schedule (peak config.learning_rate over config.steps), sft's betas, a fresh Adam,
+    batches drawn as shuffled passes from `generator`. The model ends in eval mode."""
+    ids, attention, completion = batch
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=sft.ADAM_BETAS, eps=sft.ADAM_EPS,
                                  foreach=True)
-    per_pass = len(pairs) // config.batch_size
+    per_pass = len(ids) // config.batch_size
     model.train()
     for step in range(1, steps + 1):
         if (step - 1) % per_pass == 0:
-            order = torch.randperm(len(pairs), generator=generator)
+            order = torch.randperm(len(ids), generator=generator)
         rows = order[((step - 1) % per_pass) * config.batch_size:][:config.batch_size]
         loss = sft._training_loss(model, ids[rows], attention[rows], completion[rows])
         optimizer.zero_grad(set_to_none=True)
@@ -1026,7 +1011,8 @@ def r1_zero_start(seed, scratchpad, skill_steps=R1_SKILL_STEPS, answer_steps=R1_
                 if steps:
                     stage = r1_zero_task(scratchpad, max_new_tokens, share)
                     pairs = stage.demonstrations(steps * config.batch_size, generator)
-                    _sft_stage(model, stage, pairs, steps, learning_rate, generator)
+                    _sft_stage(model, sft.pair_batch(stage, *zip(*pairs)), steps,
+                               sft.SFTConfig(steps=steps, learning_rate=learning_rate), generator)
         _R1_STARTS[key] = {name: value.clone() for name, value in model.state_dict().items()}
     model = sft.TinyLM(config.model_config(task)).to(sft.DTYPE)
     model.load_state_dict(_R1_STARTS[key])
