@@ -126,7 +126,38 @@ class Prompt(NamedTuple):
     difficulty: int  # the count of numbers the shortest solution uses
 
 
-class CountdownTask:
+class SplitPrompts:
+    """What a task with train and test prompts shares: `self._split`, {split: (P_split,) int64 global prompt
+    indices, increasing}, set by the task; the splits' sizes, members and uniform draws from them."""
+
+    def _check_split(self, split):
+        if split not in SPLITS:
+            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+        return split
+
+    def prompt_count(self, split):
+        """The number of prompts in `split` ("train" or "test")."""
+        return self._split[self._check_split(split)].numel()
+
+    def split_prompts(self, split):
+        """(P_split,) int64 the global indices of `split`'s prompts, increasing (a copy)."""
+        return self._split[self._check_split(split)].clone()
+
+    def draw_prompts(self, count, generator, split="train"):
+        """(count,) int64 global prompt indices drawn uniformly with replacement from `split`.
+
+        Consumes `generator` (a torch.Generator) exactly once: one torch.randint over the split's
+        positions, then a lookup to global indices. Raises ValueError naming the argument.
+        """
+        check_int("count", count, low=1, high=2**31 - 1)
+        if not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+        members = self._split[self._check_split(split)]
+        positions = torch.randint(0, members.numel(), (count,), generator=generator)
+        return members[positions]
+
+
+class CountdownTask(SplitPrompts):
     """The Countdown task behind the lab's task interface (see the module docstring for the format).
 
     Attributes: name "countdown"; config; vocab (token strings, id = index); bos_id, eos_id, pad_id
@@ -199,34 +230,8 @@ class CountdownTask:
         """The difficulties present in the task, increasing (2..numbers_per_prompt)."""
         return sorted(set(prompt.difficulty for prompt in self._prompts))
 
-    def _check_split(self, split):
-        if split not in SPLITS:
-            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-        return split
-
     def _check_prompt(self, name, prompt):
         return check_int(name, prompt, low=0, high=len(self._prompts) - 1)
-
-    def prompt_count(self, split):
-        """The number of prompts in `split` ("train" or "test")."""
-        return self._split[self._check_split(split)].numel()
-
-    def split_prompts(self, split):
-        """(P_split,) int64 the global indices of `split`'s prompts, increasing (a copy)."""
-        return self._split[self._check_split(split)].clone()
-
-    def draw_prompts(self, count, generator, split="train"):
-        """(count,) int64 global prompt indices drawn uniformly with replacement from `split`.
-
-        Consumes `generator` (a torch.Generator) exactly once: one torch.randint over the split's
-        positions, then a lookup to global indices. Raises ValueError naming the argument.
-        """
-        check_int("count", count, low=1, high=2**31 - 1)
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        members = self._split[self._check_split(split)]
-        positions = torch.randint(0, members.numel(), (count,), generator=generator)
-        return members[positions]
 
     def prompt_numbers(self, prompt):
         """The numbers prompt `prompt` gives, increasing (a tuple of ints)."""

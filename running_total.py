@@ -50,9 +50,9 @@ import dataclasses
 
 import torch
 
+from countdown import SPLITS, SplitPrompts
 from lab.checks import check_int, check_real, check_tensor
 
-SPLITS = ("train", "test")
 SCRATCHPADS = ("running", "noise")  # what the demonstrations that write items before the answer write there
 OPERATORS = "+*"  # in the order of their token ids
 MODULUS = 10  # every running result is one digit
@@ -96,7 +96,7 @@ def apply(value, operator, digit):
     return (value + digit if operator == "+" else value * digit) % MODULUS
 
 
-class RunningTotalTask:
+class RunningTotalTask(SplitPrompts):
     """The running-total task behind the lab's task interface (tasks.py; see the module docstring).
 
     Attributes: name "running-total"; config; vocab (token strings, id = index); separator_id, equals_id,
@@ -140,33 +140,11 @@ class RunningTotalTask:
         test = self.config.test_prompts
         self._split = {"test": torch.arange(test), "train": torch.arange(test, wanted)}
 
-    def _check_split(self, split):
-        if split not in SPLITS:
-            raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-        return split
-
     def _check_prompt(self, name, prompt):
         if isinstance(prompt, torch.Tensor):
             check_tensor(name, prompt, kind="int", ndim=0)
             prompt = int(prompt)
         return check_int(name, prompt, low=0, high=len(self._chains) - 1)
-
-    def prompt_count(self, split):
-        """The number of prompts in `split` ("train" or "test")."""
-        return self._split[self._check_split(split)].numel()
-
-    def split_prompts(self, split):
-        """(P_split,) int64 the global indices of `split`'s prompts, increasing (a copy)."""
-        return self._split[self._check_split(split)].clone()
-
-    def draw_prompts(self, count, generator, split="train"):
-        """(count,) int64 global prompt indices drawn uniformly with replacement from `split`: one
-        torch.randint over the split's positions from `generator`. Raises ValueError naming the argument."""
-        check_int("count", count, low=1, high=2**31 - 1)
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
-        members = self._split[self._check_split(split)]
-        return members[torch.randint(0, members.numel(), (count,), generator=generator)]
 
     def chain(self, prompt):
         """(digits, operators) of prompt `prompt`: a tuple of K ints in 1..9 and a string of K - 1 operators."""
