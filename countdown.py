@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from lab.checks import check_int, check_real, check_tensor
+from lab.checks import check_indices, check_int, check_real, check_tensor
 
 SPLITS = ("train", "test")
 OPERATORS = "+-*"  # the allowed operators, in the order of their token ids
@@ -242,12 +242,7 @@ class CountdownTask(SplitPrompts):
         return self._prompts[self._check_prompt("prompt", prompt)].target
 
     def _prompt_list(self, prompts):
-        if isinstance(prompts, torch.Tensor):
-            check_tensor("prompts", prompts, kind="int", ndim=1)
-            prompts = prompts.tolist()
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts: expected a 1-D integer tensor or a list of ints, got {type(prompts).__name__}")
-        return [self._check_prompt("prompts", prompt) for prompt in prompts]
+        return check_indices("prompts", prompts, len(self._prompts))
 
     def prompt_tokens(self, prompts):
         """The token ids of each prompt: BOS, the numbers, ':', the target's digits, '='.

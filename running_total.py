@@ -47,11 +47,12 @@ Shapes: N responses, R completion positions (at most max_new_tokens), P prompts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
 from countdown import SPLITS, SplitPrompts
-from lab.checks import check_int, check_real, check_tensor
+from lab.checks import check_indices, check_int, check_real, check_tensor
 
 SCRATCHPADS = ("running", "noise")  # what the demonstrations that write items before the answer write there
 OPERATORS = "+*"  # in the order of their token ids
@@ -96,6 +97,32 @@ def apply(value, operator, digit):
     return (value + digit if operator == "+" else value * digit) % MODULUS
 
 
+# the ids of the vocabulary's tokens after the digits 0-9 (RunningTotalTask.vocab)
+OPERATOR_IDS = {operator: 10 + index for index, operator in enumerate(OPERATORS)}
+SEPARATOR_ID, EQUALS_ID, BOS_ID, EOS_ID = 12, 13, 14, 15
+
+
+@functools.lru_cache(maxsize=4)  # read, never written: the tasks of one split setting (scratchpads, shares) share it
+def _chain_pool(split_seed, test_prompts, train_prompts, digits):
+    """The prompt pool, test prompts first, per prompt (digits, operators): batches of candidate chains from
+    one generator seeded with split_seed, each kept unless drawn before, until both splits are full."""
+    generator = torch.Generator().manual_seed(split_seed)
+    wanted = test_prompts + train_prompts
+    if wanted > 9 ** digits * 2 ** (digits - 1) // 2:
+        raise ValueError(f"train_prompts: {wanted} prompts in all is more than half of the "
+                         f"{9 ** digits * 2 ** (digits - 1)} chains of {digits} digits")
+    seen, chains = set(), []
+    while len(chains) < wanted:
+        drawn = torch.randint(1, 10, (wanted, digits), generator=generator).tolist()
+        operators = torch.randint(0, len(OPERATORS), (wanted, digits - 1), generator=generator).tolist()
+        for row_digits, row_operators in zip(drawn, operators):
+            chain = (tuple(row_digits), "".join(OPERATORS[index] for index in row_operators))
+            if chain not in seen and len(chains) < wanted:
+                seen.add(chain)
+                chains.append(chain)
+    return tuple(chains)
+
+
 class RunningTotalTask(SplitPrompts):
     """The running-total task behind the lab's task interface (tasks.py; see the module docstring).
 
@@ -112,8 +139,8 @@ class RunningTotalTask(SplitPrompts):
             raise ValueError(f"config: expected a RunningTotalConfig, got {type(config).__name__}")
         self.config = config
         self.vocab = tuple(str(digit) for digit in range(10)) + tuple(OPERATORS) + (";", "=", "BOS", "EOS")
-        self.operator_ids = {operator: 10 + index for index, operator in enumerate(OPERATORS)}
-        self.separator_id, self.equals_id, self.bos_id, self.eos_id = 12, 13, 14, 15
+        self.operator_ids = dict(OPERATOR_IDS)
+        self.separator_id, self.equals_id, self.bos_id, self.eos_id = SEPARATOR_ID, EQUALS_ID, BOS_ID, EOS_ID
         self.pad_id = self.eos_id  # the mask, not the id, marks padding
         self.max_new_tokens = config.max_new_tokens
         self._build_prompts()
@@ -121,23 +148,10 @@ class RunningTotalTask(SplitPrompts):
     # -- prompts ------------------------------------------------------------------------------------
 
     def _build_prompts(self):
-        """Draw the pool: batches of candidate chains from one generator seeded with split_seed, each kept
-        unless drawn before, until both splits are full (test first)."""
-        generator = torch.Generator().manual_seed(self.config.split_seed)
-        wanted, count = self.config.test_prompts + self.config.train_prompts, self.config.digits
-        if wanted > 9 ** count * 2 ** (count - 1) // 2:
-            raise ValueError(f"train_prompts: {wanted} prompts in all is more than half of the "
-                             f"{9 ** count * 2 ** (count - 1)} chains of {count} digits")
-        seen, self._chains = set(), []  # per prompt: (digits, operators)
-        while len(self._chains) < wanted:
-            digits = torch.randint(1, 10, (wanted, count), generator=generator).tolist()
-            operators = torch.randint(0, len(OPERATORS), (wanted, count - 1), generator=generator).tolist()
-            for row_digits, row_operators in zip(digits, operators):
-                chain = (tuple(row_digits), "".join(OPERATORS[index] for index in row_operators))
-                if chain not in seen and len(self._chains) < wanted:
-                    seen.add(chain)
-                    self._chains.append(chain)
-        test = self.config.test_prompts
+        """The pool of chains (_chain_pool: shared by every task of the same split settings) and the splits."""
+        self._chains = list(_chain_pool(self.config.split_seed, self.config.test_prompts,  # the task's own list
+                                        self.config.train_prompts, self.config.digits))
+        test, wanted = self.config.test_prompts, len(self._chains)
         self._split = {"test": torch.arange(test), "train": torch.arange(test, wanted)}
 
     def _check_prompt(self, name, prompt):
@@ -151,12 +165,7 @@ class RunningTotalTask(SplitPrompts):
         return self._chains[self._check_prompt("prompt", prompt)]
 
     def _prompt_list(self, prompts):
-        if isinstance(prompts, torch.Tensor):
-            check_tensor("prompts", prompts, kind="int", ndim=1)
-            prompts = prompts.tolist()
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts: expected a 1-D integer tensor or a list of ints, got {type(prompts).__name__}")
-        return [self._check_prompt("prompts", prompt) for prompt in prompts]
+        return check_indices("prompts", prompts, len(self._chains))
 
     def prompt_tokens(self, prompts):
         """The token ids of each prompt: BOS, d1 op1 d2 ... dK, '='. prompts: (N,) integer tensor or a list
@@ -164,10 +173,10 @@ class RunningTotalTask(SplitPrompts):
         tokens = []
         for prompt in self._prompt_list(prompts):
             digits, operators = self._chains[prompt]
-            row = [self.bos_id, digits[0]]  # digit d has id d
+            row = [BOS_ID, digits[0]]  # digit d has id d
             for operator, digit in zip(operators, digits[1:]):
-                row += [self.operator_ids[operator], digit]
-            tokens.append(row + [self.equals_id])
+                row += [OPERATOR_IDS[operator], digit]
+            tokens.append(row + [EQUALS_ID])
         return tokens
 
     def running_results(self, prompt):

@@ -169,7 +169,7 @@ if __name__ == "__main__":
 import torch
 
 from countdown import CountdownTask, pass_at_k
-from lab.checks import check_int, check_real, check_tensor, dtype_name, torch_threads, training_mode
+from lab.checks import check_indices, check_int, check_real, check_tensor, dtype_name, torch_threads, training_mode
 from tiny_lm import TinyLM, TinyLMConfig, completion_log_probs, completion_scores, generate
 
 # Adam as language models are fine-tuned (GPT-3, nanoGPT): beta2 0.95 forgets old squared gradients
@@ -220,14 +220,10 @@ def _check_model(model):
 
 
 def _prompt_list(task, name, prompts):
-    """The global prompt indices `prompts` (a 1-D integer tensor or a list of ints) as a list, each checked."""
-    if isinstance(prompts, torch.Tensor):
-        check_tensor(name, prompts, kind="int", ndim=1)
-        prompts = prompts.tolist()
-    if not isinstance(prompts, (list, tuple)) or not prompts:
+    """The global prompt indices `prompts` (a non-empty 1-D integer tensor or list of ints) as a list, each checked."""
+    if not isinstance(prompts, torch.Tensor) and (not isinstance(prompts, (list, tuple)) or not prompts):
         raise ValueError(f"{name}: expected a non-empty 1-D integer tensor or list of prompt indices")
-    count = task.prompt_count("train") + task.prompt_count("test")
-    return [check_int(name, prompt, low=0, high=count - 1) for prompt in prompts]
+    return check_indices(name, prompts, task.prompt_count("train") + task.prompt_count("test"))
 
 
 # ---------------------------------------------------------------------------------------------

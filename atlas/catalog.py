@@ -1934,7 +1934,7 @@ def _r1_zero():
              "ylabel": "share of test responses"},
             {"kind": "values", "metrics": ["accuracy_partial_start", "accuracy_direct_start"],
              "title": "the SFT start's accuracy with and without them", "ylabel": "share correct"}],
-        quick={**TRANSFORMER_QUICK, "skill_steps": 20, "answer_steps": 10, "measure_every": 2},
+        quick={**TRANSFORMER_QUICK, "skill_steps": 4, "answer_steps": 2, "measure_every": 2},
         cost=40.0,
         seeds_reason="one pilot run (seed 0, 100 iterations, of the default set) gave accuracy +0.44 and length "
                      "+7.6 tokens, each many times a sampled point's error (0.02 and 0.1 at 512 responses), so 5 "

@@ -136,6 +136,7 @@ def _results_from_workers(all_jobs, jobs_count):
     waits for it, so no worker outlives the run."""
     # fork where it exists: the workers inherit the imported modules instead of importing torch again
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    _import_torch_lazy_modules()  # once, here: forked workers inherit them instead of each importing them again
     workers = {}  # the main process's end of each worker's pipe -> the worker process
     pending = list(reversed(all_jobs))
     try:
@@ -191,10 +192,9 @@ def _cell_value(text):
         return None
     if text in ("True", "False"):
         return text == "True"
-    try:
-        return int(text)  # repr never writes a float without a "." or an exponent: "3.0", "1e-05"
-    except ValueError:
-        return float(text)
+    if text.lstrip("-").isdigit():  # repr never writes a float without a "." or an exponent: "3.0", "1e-05"
+        return int(text)
+    return float(text)
 
 
 def _read_rows(path):

@@ -155,6 +155,20 @@ def check_int(name, value, *, low=None, high=None):
     return value
 
 
+def check_indices(name, values, count):
+    """Validate a list of indices into `count` items: a 1-D integer tensor (checked at once, by its least
+    and greatest value) or a list/tuple of ints (each checked). Returns a list of ints in [0, count - 1]."""
+    if isinstance(values, torch.Tensor):
+        check_tensor(name, values, kind="int", ndim=1)
+        if values.numel() and (int(values.min()) < 0 or int(values.max()) > count - 1):
+            bad = values[(values < 0) | (values > count - 1)][0]
+            raise ValueError(f"{name}: expected an integer in [0, {count - 1}], got {int(bad)}")
+        return values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"{name}: expected a 1-D integer tensor or a list of ints, got {type(values).__name__}")
+    return [check_int(name, value, low=0, high=count - 1) for value in values]
+
+
 def check_choice(name, value, choices):
     """Validate a string option against a tuple of allowed values and return it."""
     if not isinstance(value, str) or value not in choices:
