@@ -123,6 +123,16 @@ def _chain_pool(split_seed, test_prompts, train_prompts, digits):
     return tuple(chains)
 
 
+@functools.lru_cache(maxsize=None)  # a chain's ids never change: computed once a process, for every task
+def _chain_tokens(chain):
+    """The ids of a chain's prompt, (digits, operators) -> (BOS, d1, op1, d2, ..., dK, '='); digit d has id d."""
+    digits, operators = chain
+    row = [BOS_ID, digits[0]]
+    for operator, digit in zip(operators, digits[1:]):
+        row += [OPERATOR_IDS[operator], digit]
+    return tuple(row + [EQUALS_ID])
+
+
 class RunningTotalTask(SplitPrompts):
     """The running-total task behind the lab's task interface (tasks.py; see the module docstring).
 
@@ -170,14 +180,7 @@ class RunningTotalTask(SplitPrompts):
     def prompt_tokens(self, prompts):
         """The token ids of each prompt: BOS, d1 op1 d2 ... dK, '='. prompts: (N,) integer tensor or a list
         of global indices. Returns a list of N lists of 2K + 1 ints."""
-        tokens = []
-        for prompt in self._prompt_list(prompts):
-            digits, operators = self._chains[prompt]
-            row = [BOS_ID, digits[0]]  # digit d has id d
-            for operator, digit in zip(operators, digits[1:]):
-                row += [OPERATOR_IDS[operator], digit]
-            tokens.append(row + [EQUALS_ID])
-        return tokens
+        return [list(_chain_tokens(self._chains[prompt])) for prompt in self._prompt_list(prompts)]
 
     def running_results(self, prompt):
         """The K - 1 running results x2 .. xK, the last one the answer (a tuple of ints in 0..9)."""

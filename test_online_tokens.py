@@ -19,7 +19,7 @@ import library_export
 import online_tokens
 import sft
 from countdown import CountdownTask
-from lab.testing import HERE, float64, parallel_calls, run_main, shared_calls, single_thread_module
+from lab.testing import HERE, float64, parallel_calls, prefetch, run_main, shared_calls, single_thread_module
 import online_algorithms
 import online_registry
 import rl_lab
@@ -1089,8 +1089,8 @@ class TransformerRuns(unittest.TestCase):
     PRECISIONS = (("float64", None), ("float32", None), ("float32", "bfloat16"), ("float32", "float16"))
 
     @classmethod
-    def setUpClass(cls):  # the SFT start loaded (or trained) once, then the class's runs at once over the cores
-        online_tokens.setup(**cls.small)
+    def jobs(cls):
+        """{name: shared_calls job} of the class's runs."""
         jobs = {("algorithm", name): {"steps": 2, "algorithm": name} for name in online_tokens.ALGORITHMS}
         for options in cls.second_wave_options():
             jobs[("second wave", tuple(options.items()))] = {"steps": 1, **options}
@@ -1099,9 +1099,12 @@ class TransformerRuns(unittest.TestCase):
         jobs[("pass@k",)] = {"steps": 1, "eval_samples": 4}
         jobs[("seed 3",)] = {"steps": 2, "seed": 3}
         jobs[("seed 4",)] = {"steps": 2, "seed": 4}
-        results = parallel_calls([("online_tokens", "train", (), {**cls.small, **options})
-                                  for options in jobs.values()])
-        cls.runs = dict(zip(jobs, results))
+        return {name: ("online_tokens", "train", (), {**cls.small, **options}) for name, options in jobs.items()}
+
+    @classmethod
+    def setUpClass(cls):  # the class's runs, collected from the prefetch below (it loads or trains the start first)
+        jobs = cls.jobs()
+        cls.runs = dict(zip(jobs, shared_calls(list(jobs.values()))))
 
     @classmethod
     def second_wave_options(cls):
@@ -1297,6 +1300,13 @@ class Learning(unittest.TestCase):
             offline, online = (run[0][-1]["success_probability"] for run in (offline, online))
             self.assertTrue(0.3 < offline < 0.8, offline)
             self.assertGreater(online - offline, 0.1)
+
+
+# the runs of the two slowest classes, computed beside the tests that run before them, one after the other in
+# one process (so the transformer runs' SFT start, trained by the first of them on a fresh checkout, is
+# trained once)
+prefetch([("online_tokens", "train", (), {"seed": seed, **options}) for options in LEARNING_RUNS
+          for seed in LEARNING_SEEDS] + list(TransformerRuns.jobs().values()))
 
 
 if __name__ == "__main__":

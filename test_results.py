@@ -18,7 +18,7 @@ import rl_lab
 import token_objectives
 from atlas import runners
 from lab.io import csv_text, json_text
-from lab.testing import (HERE, committed_differences, describe_differences, shared_calls, single_thread_module,
+from lab.testing import (HERE, committed_differences, describe_differences, prefetch, shared_calls, single_thread_module,
                          value_differences)
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
@@ -37,17 +37,23 @@ def atlas_first_runs():
     return first
 
 
+def fresh_jobs():
+    """{name: shared_calls job} of every fresh run the committed results are compared with."""
+    jobs = {("bandit", algorithm): ("rl_lab", "train", (algorithm,), {}) for algorithm in rl_lab.ALGORITHMS}
+    jobs[("chain",)] = ("ppo_chain", "train", (), {})
+    jobs[("tokens",)] = ("token_objectives", "run", (), {})
+    for algorithm in ("grpo", "cispo") + tuple(online_tokens.FOUR_ALGORITHMS):
+        jobs[("online", algorithm)] = ("online_tokens", "train", (), {"algorithm": algorithm})
+    for name, (runner, seed, options) in atlas_first_runs().items():
+        jobs[("atlas", name)] = ("atlas.runners", runner, (seed,), options)
+    return jobs
+
+
 class CommittedResults(unittest.TestCase):
     @classmethod
-    def setUpClass(cls):  # every fresh run at once, over the machine's cores (each run is deterministic)
+    def setUpClass(cls):  # every fresh run (each deterministic), collected from the prefetch (end of file)
         cls.first_runs = atlas_first_runs()
-        jobs = {("bandit", algorithm): ("rl_lab", "train", (algorithm,), {}) for algorithm in rl_lab.ALGORITHMS}
-        jobs[("chain",)] = ("ppo_chain", "train", (), {})
-        jobs[("tokens",)] = ("token_objectives", "run", (), {})
-        for algorithm in ("grpo", "cispo") + tuple(online_tokens.FOUR_ALGORITHMS):
-            jobs[("online", algorithm)] = ("online_tokens", "train", (), {"algorithm": algorithm})
-        for name, (runner, seed, options) in cls.first_runs.items():
-            jobs[("atlas", name)] = ("atlas.runners", runner, (seed,), options)
+        jobs = fresh_jobs()
         cls.fresh = dict(zip(jobs, shared_calls(list(jobs.values()))))
 
     def assert_matches(self, relative, fresh_text):
@@ -144,6 +150,9 @@ def atlas_settings(name, folder=ATLAS):
 def rows_of(relative):
     with open(os.path.join(HERE, relative), encoding="utf-8", newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+prefetch(list(fresh_jobs().values()))  # CommittedResults' runs, computed beside the tests that run before it
 
 
 if __name__ == "__main__":

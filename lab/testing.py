@@ -7,6 +7,7 @@ the machine's cores, once per test process.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import csv
@@ -18,6 +19,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -169,10 +171,86 @@ def _shared_key(job):
     return module, function, repr(sorted(bound.arguments.items()))
 
 
+_PREFETCHED = {}  # key -> the forked process computing it (prefetch), until shared_calls collects it
+
+
+class _Prefetch:
+    """One forked process that computes a list of shared calls, one after the other, and sends their results
+    (pickled) down a pipe. It starts when a test file is imported, so it runs beside the tests before it."""
+
+    def __init__(self, keys, jobs):
+        self.keys, self.results = keys, None
+        read, write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: compute, send, and end without returning into the tests
+            status = 1
+            try:
+                os.close(read)
+                with os.fdopen(write, "wb") as out:
+                    pickle.dump([_call(job) for job in jobs], out)
+                status = 0
+            except BaseException as error:  # a failed run is raised in the test that asks for it
+                with contextlib.suppress(BaseException):
+                    os.write(2, f"prefetch: {type(error).__name__}: {error}\n".encode())
+            finally:
+                os._exit(status)
+        os.close(write)
+        self.read = os.fdopen(read, "rb")
+
+    def collect(self):
+        """{key: result}: waits for the process; raises RuntimeError if it failed."""
+        if self.results is None:
+            try:
+                data = self.read.read()
+            finally:
+                self.read.close()
+                _, status = os.waitpid(self.pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0 or not data:
+                raise RuntimeError(f"a prefetched run failed (process {self.pid}); see its line on stderr")
+            self.results = dict(zip(self.keys, pickle.loads(data)))
+        return self.results
+
+    def stop(self):
+        if self.results is None:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            self.read.close()
+
+
+def prefetch(jobs):
+    """Start computing these shared_calls jobs now, in one forked process beside the tests (where fork
+    exists and the machine has two cores or more); shared_calls then collects them instead of computing them.
+    A test file calls it when it is imported, for the runs its slowest classes need; a process that is
+    not collected (only some tests were selected) is killed when the tests end."""
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+        return
+    keys, todo = [], []
+    for job in jobs:
+        key = _shared_key(job)
+        if key not in _SHARED and key not in _PREFETCHED and key not in keys:
+            keys.append(key)
+            todo.append(job)
+    if todo:
+        _PREFETCHED.update(dict.fromkeys(keys, _Prefetch(keys, todo)))
+
+
+@atexit.register
+def _stop_prefetches():
+    for handle in set(_PREFETCHED.values()):
+        handle.stop()
+
+
 def shared_calls(jobs):
     """parallel_calls for deterministic runs that several test files train: each distinct call is computed
-    once per test process (the missing ones over the cores); each caller gets its own copy."""
+    once per test process (the missing ones over the cores, or collected from a prefetch); each caller gets
+    its own copy."""
     keys = [_shared_key(job) for job in jobs]
+    for key in keys:
+        if key not in _SHARED and key in _PREFETCHED:
+            _SHARED.update(_PREFETCHED[key].collect())
     missing = {}
     for key, job in zip(keys, jobs):
         if key not in _SHARED:
