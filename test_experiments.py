@@ -34,7 +34,7 @@ from atlas import catalog, claims, engine, exact as enumeration, runners, stats
 from policies import TablePolicy, logps_of_tokens
 from tasks import countdown_task
 from tiny_lm import TinyLM, completion_log_probs
-from lab.testing import HERE, ForkedProgram, run_main, single_thread_module
+from lab.testing import HERE, ForkedProgram, prefetch, run_main, shared_calls, single_thread_module
 
 setUpModule, tearDownModule = single_thread_module()  # one torch thread, as the drivers train
 
@@ -633,56 +633,13 @@ class MechanismsAtReducedSize(unittest.TestCase):
         self.assertEqual(metrics["reached"],
                          int(metrics["success_at_gain"] >= metrics["success_start"] + quick["gain"]))
 
-    def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
-        # the cheapest experiment of each runner, run as the program runs them (two workers); every other
-        # experiment is checked without a run, against its committed runs (CommittedAtlas)
-        table = {name: engine.at_quick_size(catalog.experiments()[name]) for name in QUICK_EXPERIMENTS}
-        # every runner, and the engine's own: the SFT starts, trained before the runs (one per seed and setting)
-        self.assertEqual({runner for experiment in table.values() for _, runner, _ in experiment.configurations},
-                         set(runners.RUNNERS) - {"train_sft_start"})
-        starts = engine.sft_starts(table.values(), 1)
-        self.assertEqual({start["config"]["seed"] for start in starts}, {0})
-        # discover-or-sharpen's three shares, the default start at 20 and (dpo-displacement) 150 steps; forgetting
-        # trains its own inside its runs
-        self.assertEqual(sorted((str(start["config"]["subtraction_share"]), start["config"]["steps"]) for start in starts),
-                         [("0.0", 20), ("0.03", 20), ("0.5", 20), ("None", 20), ("None", 150)])
-        self.assertEqual([start["config"]["seed"] for start in engine.sft_starts([table["padding-bug"]], 3, 100)],
-                         [100, 101, 102])
-        seen = {}
-
-        def finished(name, experiment, seeds, jobs, results):
-            # here, while the workers run the next experiments: the files, and the figure they draw (built, not
-            # saved: CommandLine writes one, test_plot_results checks the bytes)
-            files = engine.experiment_files(experiment, seeds, jobs, results, name)
-            settings = json.loads(files[os.path.join(name, "settings.json")])
-            figure = plot_results.experiment_figure(
-                settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
-                            for file in ("summary.csv", "curves.csv", "runs.csv")))
-            shown = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
-            facts = (len(shown), len(figure.legends), figure.get_suptitle())
-            plot_results.plt.close(figure)
-            seen[name] = (seeds, files, facts)
-
-        engine.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
-        self.assertEqual(sorted(seen), sorted(table))
-        for folder in engine.sft_folders(table.values(), 1):  # each start trained once, cached for the runs
-            self.assertTrue(os.path.isfile(os.path.join(folder, "model.pt")), folder)
-        for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
-            with self.subTest(experiment=name):
-                self.assertEqual(seeds, [0])
-                assert_schema(self, table[name], name, files)
-                self.assertTrue(engine.command_of(name, None, 100).endswith("--seed-start 100"))
-                # its figure draws from these files: every panel's columns, metrics and claims exist
-                settings = json.loads(files[os.path.join(name, "settings.json")])
-                self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
-                self.assertEqual(legends, 1)
-                self.assertTrue(title.startswith(f"{name}: "), title)
+R1_ZERO_QUICK = engine.at_quick_size(catalog.experiments()["r1-zero"]).configurations[0][2]  # the useful arm
 
 
 class R1Zero(unittest.TestCase):
     def test_r1_zero_measures_what_a_slow_count_of_its_samples_gives(self):
-        quick = engine.at_quick_size(catalog.experiments()["r1-zero"]).configurations[0][2]
-        result = runners.run_r1_zero(0, **quick)
+        quick = R1_ZERO_QUICK
+        result = shared_calls([("atlas.runners", "run_r1_zero", (0,), quick)])[0]  # prefetched
         metrics, curve = result["metrics"], result["curve"]
         self.assertEqual([point["step"] for point in curve], [0, 1, 2])
         for name in ("accuracy", "length", "partial_share"):
@@ -722,6 +679,48 @@ class R1Zero(unittest.TestCase):
         first, again, other = (runners.r1_zero_start(seed, "running", 2, 1) for seed in (0, 0, 1))
         self.assertTrue(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values())))
         self.assertFalse(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values())))
+
+
+def quick_table():
+    """{name: experiment at quick size} of QUICK_EXPERIMENTS."""
+    return {name: engine.at_quick_size(catalog.experiments()[name]) for name in QUICK_EXPERIMENTS}
+
+
+def quick_atlas_run():
+    """(seen, folders): the quick experiments run as the program runs them (two workers); seen: {name: (seeds,
+    {path: text} of its files, (titled panels, legends, title) of the figure they draw)}; folders: the SFT
+    cache folders of their starts."""
+    table, seen = quick_table(), {}
+
+    def finished(name, experiment, seeds, jobs, results):
+        # here, while the workers run the next experiments: the files, and the figure they draw (built, not
+        # saved: CommandLine writes one, test_plot_results checks the bytes)
+        files = engine.experiment_files(experiment, seeds, jobs, results, name)
+        settings = json.loads(files[os.path.join(name, "settings.json")])
+        figure = plot_results.experiment_figure(
+            settings, *(plot_results._rows_from_text(files.get(os.path.join(name, file), ""), file)
+                        for file in ("summary.csv", "curves.csv", "runs.csv")))
+        shown = [axis for axis in figure.axes if axis.get_visible() and axis.get_title()]
+        facts = (len(shown), len(figure.legends), figure.get_suptitle())
+        plot_results.plt.close(figure)
+        seen[name] = (seeds, files, facts)
+
+    engine.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
+    return seen, engine.sft_folders(table.values(), 1)
+
+
+def committed_atlas_files():
+    """{(atlas folder, name): (command, seeds, {path: text})}: each committed experiment's files as this code
+    computes them from its committed runs (runs.csv, curves.csv), on both committed seed sets."""
+    computed = {}
+    for atlas in ("results-experiments", "results-experiments-start100"):
+        for name, experiment in catalog.experiments().items():
+            folder = os.path.join(HERE, atlas, name)
+            with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
+                command = json.load(handle)["command"]
+            seeds, jobs, results = engine.results_from_folder(experiment, folder)
+            computed[atlas, name] = engine.experiment_files(experiment, seeds, jobs, results, folder, command)
+    return computed
 
 
 # one experiment per runner, the cheapest, for the runs at quick size
@@ -845,14 +844,12 @@ class CommittedAtlas(unittest.TestCase):
             self.assertAlmostEqual(experiment.claims[index].value(runs), want, places=12, msg=index)
 
     def test_the_committed_summaries_are_what_the_code_computes_from_the_committed_runs(self):
+        computed = shared_calls([("test_experiments", "committed_atlas_files", (), {})])[0]  # prefetched
         for atlas in ("results-experiments", "results-experiments-start100"):
             for name, experiment in catalog.experiments().items():
                 folder = os.path.join(HERE, atlas, name)
                 with self.subTest(folder=f"{atlas}/{name}"):
-                    with open(os.path.join(folder, "settings.json"), encoding="utf-8") as handle:
-                        command = json.load(handle)["command"]
-                    seeds, jobs, results = engine.results_from_folder(experiment, folder)
-                    files = engine.experiment_files(experiment, seeds, jobs, results, folder, command)
+                    files = computed[atlas, name]
                     assert_schema(self, experiment, folder, files)
                     for path, text in files.items():
                         with open(path, encoding="utf-8", newline="") as handle:
@@ -1170,6 +1167,49 @@ class CommandLine(unittest.TestCase):
         # the same seeds give the same numbers whatever the start: seed 100 here is run_kl_estimators(100)
         self.assertEqual(float(runs[0]["k2_relative_bias"]),
                          runners.run_kl_estimators(100, "near")["metrics"]["k2_relative_bias"])
+
+
+class WorkersRunEveryRunnerAtQuickSize(unittest.TestCase):
+    """The cheapest experiment of each runner, run as the program runs them, over two workers (last in this file:
+    its runs are prefetched beside the tests before it)."""
+
+    def test_one_experiment_per_runner_writes_its_schema_at_quick_size(self):
+        # the cheapest experiment of each runner, run as the program runs them (two workers; quick_atlas_run,
+        # prefetched); every other experiment is checked without a run, against its committed runs (CommittedAtlas)
+        table = quick_table()
+        # every runner, and the engine's own: the SFT starts, trained before the runs (one per seed and setting)
+        self.assertEqual({runner for experiment in table.values() for _, runner, _ in experiment.configurations},
+                         set(runners.RUNNERS) - {"train_sft_start"})
+        starts = engine.sft_starts(table.values(), 1)
+        self.assertEqual({start["config"]["seed"] for start in starts}, {0})
+        # discover-or-sharpen's three shares, the default start at 20 and (dpo-displacement) 150 steps; forgetting
+        # trains its own inside its runs
+        self.assertEqual(sorted((str(start["config"]["subtraction_share"]), start["config"]["steps"]) for start in starts),
+                         [("0.0", 20), ("0.03", 20), ("0.5", 20), ("None", 20), ("None", 150)])
+        self.assertEqual([start["config"]["seed"] for start in engine.sft_starts([table["padding-bug"]], 3, 100)],
+                         [100, 101, 102])
+        seen, folders = shared_calls([("test_experiments", "quick_atlas_run", (), {})])[0]
+        self.assertEqual(sorted(seen), sorted(table))
+        self.assertEqual(folders, engine.sft_folders(table.values(), 1))
+        for folder in folders:  # each start trained once, cached for the runs
+            self.assertTrue(os.path.isfile(os.path.join(folder, "model.pt")), folder)
+        for name, (seeds, files, (panels_shown, legends, title)) in seen.items():
+            with self.subTest(experiment=name):
+                self.assertEqual(seeds, [0])
+                assert_schema(self, table[name], name, files)
+                self.assertTrue(engine.command_of(name, None, 100).endswith("--seed-start 100"))
+                # its figure draws from these files: every panel's columns, metrics and claims exist
+                settings = json.loads(files[os.path.join(name, "settings.json")])
+                self.assertEqual(panels_shown, len(plot_results._panels_of(settings)))  # each titled, no empty slot
+                self.assertEqual(legends, 1)
+                self.assertTrue(title.startswith(f"{name}: "), title)
+
+
+# the slowest tests' work, computed beside the tests before them, in the order the tests need it: the committed
+# atlas recomputed from its runs, r1-zero's quick run, the quick atlas (with two workers of its own)
+prefetch([("test_experiments", "committed_atlas_files", (), {})])
+prefetch([("atlas.runners", "run_r1_zero", (0,), R1_ZERO_QUICK)])
+prefetch([("test_experiments", "quick_atlas_run", (), {})])
 
 
 if __name__ == "__main__":

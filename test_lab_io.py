@@ -38,6 +38,7 @@ import ppo_chain
 import rl_lab
 import token_objectives
 from lab.checks import torch_threads
+from lab import testing as lab_testing
 from lab.testing import HERE, run_cli_in_process, run_main
 
 
@@ -87,6 +88,37 @@ def dead_pid():
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+def _record_start(path, value):
+    """A prefetch job for Prefetch: appends `value` to the file at `path` when it starts, and returns value squared."""
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(f"{value}\n")
+    time.sleep(0.05)
+    return value * value
+
+
+class Prefetch(unittest.TestCase):
+    """lab.testing.prefetch: what a forked process computed is what shared_calls returns, in the order the
+    prefetches were made; a failed run is an error in the test that asks for it, never a silent recomputation."""
+
+    def test_results_arrive_in_order_and_a_failure_raises(self):
+        if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+            self.skipTest("prefetch computes in place on one core")
+        with tempfile.TemporaryDirectory() as tmp:
+            log = os.path.join(tmp, "starts")
+            first = [("test_lab_io", "_record_start", (log, value), {}) for value in (3, 4)]
+            second = [("test_lab_io", "_record_start", (log, 5), {})]
+            lab_testing.prefetch(first)
+            lab_testing.prefetch(second)
+            failed = [("math", "sqrt", (-1.0,), {})]
+            lab_testing.prefetch(failed)
+            self.assertEqual(lab_testing.shared_calls(second + first), [25, 9, 16])
+            with open(log, encoding="utf-8") as handle:  # computed once each, the first prefetch first
+                self.assertEqual(handle.read().split(), ["3", "4", "5"])
+            for _ in range(2):  # asked again (another test of the class), the same error
+                with self.assertRaisesRegex(RuntimeError, "a prefetched run failed: ValueError: math domain error"):
+                    lab_testing.shared_calls(failed)
 
 
 class OutputsThatMustNotBeReplaced(unittest.TestCase):

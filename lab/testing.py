@@ -175,41 +175,59 @@ _PREFETCHED = {}  # key -> the forked process computing it (prefetch), until sha
 
 
 class _Prefetch:
-    """One forked process that computes a list of shared calls, one after the other, and sends their results
-    (pickled) down a pipe. It starts when a test file is imported, so it runs beside the tests before it."""
+    """One forked process that computes a list of shared calls (the first alone, the rest over the cores) and
+    sends their results (pickled) down a pipe. It starts when a test file is imported and runs beside the
+    tests before it; the processes of several files compute one after another, in the order the files were
+    imported (the order their tests run), each after the one before has computed its runs."""
+
+    _computed = None  # the read end of the last process's "computed" pipe: at its end of file, the next starts
 
     def __init__(self, keys, jobs):
         self.keys, self.results = keys, None
         read, write = os.pipe()
+        after, (computed_read, computed_write) = _Prefetch._computed, os.pipe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         self.pid = os.fork()
         if self.pid == 0:  # the child: compute, send, and end without returning into the tests
-            status = 1
-            try:
+            with contextlib.suppress(BaseException):
                 os.close(read)
+                os.close(computed_read)
+                os.nice(10)  # the tests in the main process go first; this takes the cycles they leave
+                try:
+                    if after is not None:
+                        os.read(after, 1)  # end of file: the process before has computed its runs
+                    # the first run alone (what it caches, an SFT start, the others load), the rest over the cores
+                    answer = (True, [_call(jobs[0])] + parallel_calls(jobs[1:]))
+                except BaseException as error:  # raised in the test that asks for it
+                    answer = (False, f"{type(error).__name__}: {error}")
+                os.close(computed_write)
                 with os.fdopen(write, "wb") as out:
-                    pickle.dump([_call(job) for job in jobs], out)
-                status = 0
-            except BaseException as error:  # a failed run is raised in the test that asks for it
-                with contextlib.suppress(BaseException):
-                    os.write(2, f"prefetch: {type(error).__name__}: {error}\n".encode())
-            finally:
-                os._exit(status)
+                    pickle.dump(answer, out)
+            os._exit(0)
         os.close(write)
+        os.close(computed_write)
+        if after is not None:
+            os.close(after)
+        _Prefetch._computed = computed_read
         self.read = os.fdopen(read, "rb")
 
     def collect(self):
-        """{key: result}: waits for the process; raises RuntimeError if it failed."""
+        """{key: result}: waits for the process; raises RuntimeError (each time it is asked) if it failed."""
         if self.results is None:
             try:
                 data = self.read.read()
             finally:
                 self.read.close()
                 _, status = os.waitpid(self.pid, 0)
-            if os.waitstatus_to_exitcode(status) != 0 or not data:
-                raise RuntimeError(f"a prefetched run failed (process {self.pid}); see its line on stderr")
-            self.results = dict(zip(self.keys, pickle.loads(data)))
+            try:
+                finished, value = pickle.loads(data)
+            except Exception:  # nothing or a part sent: the process died (a signal, the out-of-memory killer)
+                finished, value = False, f"its process ended with status {status} before sending its results"
+            self.results = dict(zip(self.keys, value)) if finished else RuntimeError(
+                f"a prefetched run failed: {value}")
+        if isinstance(self.results, RuntimeError):
+            raise self.results
         return self.results
 
     def stop(self):
