@@ -1302,8 +1302,8 @@ class Learning(unittest.TestCase):
             self.assertGreater(online - offline, 0.1)
 
 
-# the runs of the two slowest classes, computed beside the tests that run before them; the first, alone, loads
-# the transformer runs' SFT start (or trains it, on a fresh checkout), which the others then load
+# the runs of the two slowest classes, computed beside the tests that run before them, one after the other: the
+# first loads the transformer runs' SFT start (or trains it, on a fresh checkout), which the others then load
 prefetch(list(TransformerRuns.jobs().values()) + [("online_tokens", "train", (), {"seed": seed, **options})
                                                   for options in LEARNING_RUNS for seed in LEARNING_SEEDS])
 

@@ -175,8 +175,8 @@ _PREFETCHED = {}  # key -> the forked process computing it (prefetch), until sha
 
 
 class _Prefetch:
-    """One forked process that computes a list of shared calls (the first alone, the rest over the cores) and
-    sends their results (pickled) down a pipe. It starts when a test file is imported and runs beside the
+    """One forked process that computes a list of shared calls, one after the other, and sends their results
+    (pickled) down a pipe. It starts when a test file is imported and runs beside the
     tests before it; the processes of several files compute one after another, in the order the files were
     imported (the order their tests run), each after the one before has computed its runs."""
 
@@ -191,20 +191,22 @@ class _Prefetch:
         self.pid = os.fork()
         if self.pid == 0:  # the child: compute, send, and end without returning into the tests
             with contextlib.suppress(BaseException):
+                os.setpgid(0, 0)  # a group of its own, with the workers it forks: stop() ends them all
                 os.close(read)
                 os.close(computed_read)
                 os.nice(10)  # the tests in the main process go first; this takes the cycles they leave
                 try:
                     if after is not None:
                         os.read(after, 1)  # end of file: the process before has computed its runs
-                    # the first run alone (what it caches, an SFT start, the others load), the rest over the cores
-                    answer = (True, [_call(jobs[0])] + parallel_calls(jobs[1:]))
+                    answer = (True, [_call(job) for job in jobs])  # one after the other: one core
                 except BaseException as error:  # raised in the test that asks for it
                     answer = (False, f"{type(error).__name__}: {error}")
                 os.close(computed_write)
                 with os.fdopen(write, "wb") as out:
                     pickle.dump(answer, out)
             os._exit(0)
+        with contextlib.suppress(OSError):  # as the child does: whichever runs first, the group exists
+            os.setpgid(self.pid, self.pid)
         os.close(write)
         os.close(computed_write)
         if after is not None:
@@ -232,8 +234,9 @@ class _Prefetch:
 
     def stop(self):
         if self.results is None:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)  # the process and the workers it forked, quietly
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
             self.read.close()
 
