@@ -1302,10 +1302,12 @@ class Learning(unittest.TestCase):
             self.assertGreater(online - offline, 0.1)
 
 
-# the runs of the two slowest classes, computed beside the tests that run before them, one after the other: the
-# first loads the transformer runs' SFT start (or trains it, on a fresh checkout), which the others then load
-prefetch(list(TransformerRuns.jobs().values()) + [("online_tokens", "train", (), {"seed": seed, **options})
-                                                  for options in LEARNING_RUNS for seed in LEARNING_SEEDS])
+# the runs of the two slowest classes, computed beside the tests that run before them, in the order the tests
+# need them, each list one run after the other (the first transformer run loads their SFT start, or trains it
+# on a fresh checkout, and the others load it)
+prefetch([("online_tokens", "train", (), {"seed": seed, **options}) for options in LEARNING_RUNS
+          for seed in LEARNING_SEEDS])
+prefetch(list(TransformerRuns.jobs().values()))
 
 
 if __name__ == "__main__":
