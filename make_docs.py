@@ -73,7 +73,7 @@ ATLAS = "results-experiments"
 COURSE = "results-course"  # python course.py: one <chapter>.json per chapter of docs/learn/
 CONFORMANCE = os.path.join("results-bridge", "conformance.md")
 BENCH = os.path.join("results-bench", "transformer.json")  # python bench.py --part transformer --output BENCH
-SUITE_BENCH = os.path.join("results-bench", "suite.json")  # python bench.py --part suite --runs 1 --output SUITE_BENCH
+SUITE_BENCH = os.path.join("results-bench", "suite.json")  # python bench.py --part suite --runs 3 --output SUITE_BENCH
 ATLAS_TIMINGS = os.path.join("results-bench", "atlas.json")  # python experiments.py all --timings ATLAS_TIMINGS
 ARXIV = re.compile(r"arXiv[ :]*([0-9]{4}\.[0-9]{4,5})")
 # What each cited arXiv id is. An id cited in the code but missing here is listed without a title.
