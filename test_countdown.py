@@ -106,6 +106,12 @@ class Format(unittest.TestCase):
         self.assertEqual(TASK.prompt_tokens(torch.tensor([prompt, 0])),
                          [[14, 3, 5, 6, 7, 12, 1, 2, 13], [14, 1, 2, 3, 4, 12, 1, 13]])
         self.assertEqual(TASK.decode(TASK.prompt_tokens([prompt])[0]), "BOS3567:12=")
+        # an index outside the prompts is refused, named, whether a list (each checked) or a tensor (by its range)
+        last = TASK.prompt_count("train") + TASK.prompt_count("test") - 1
+        for bad in ([0, last + 1], torch.tensor([0, last + 1]), torch.tensor([-1]), [True], torch.tensor([0.0])):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, "^prompts: expected"):
+                TASK.prompt_tokens(bad)
+        self.assertEqual(len(TASK.prompt_tokens(torch.tensor([last, 0]))), 2)
         self.assertEqual(TASK.encode("5+7EOS"), [5, 10, 7, 15])
         self.assertEqual(TASK.decode(torch.tensor([5, 10, 7, 15])), "5+7EOS")
         self.assertEqual(TASK.encode(TASK.decode(list(range(16)))), list(range(16)))
