@@ -176,9 +176,9 @@ _PREFETCHED = {}  # key -> the forked process computing it (prefetch), until sha
 
 class _Prefetch:
     """One forked process that computes a list of shared calls, one after the other, and sends their results
-    (pickled) down a pipe. It starts when a test file is imported and runs beside the
-    tests before it; the processes of several files compute one after another, in the order the files were
-    imported (the order their tests run), each after the one before has computed its runs."""
+    (pickled) down a pipe. It starts when a test file is imported and runs beside the tests before it; the
+    processes of several files compute one after another, in the order the files were imported (the order
+    their tests run), each after the one before has computed its runs."""
 
     _computed = None  # the read end of the last process's "computed" pipe: at its end of file, the next starts
 
@@ -224,8 +224,8 @@ class _Prefetch:
                 _, status = os.waitpid(self.pid, 0)
             try:
                 finished, value = pickle.loads(data)
-            except Exception:  # nothing or a part sent: the process died (a signal, the out-of-memory killer)
-                finished, value = False, f"its process ended with status {status} before sending its results"
+            except Exception:  # nothing or a part sent: it died (a signal, the out-of-memory killer) or could not pickle
+                finished, value = False, f"its process (status {status}) sent no complete results"
             self.results = dict(zip(self.keys, value)) if finished else RuntimeError(
                 f"a prefetched run failed: {value}")
         if isinstance(self.results, RuntimeError):
