@@ -224,7 +224,7 @@ class _Prefetch:
                 _, status = os.waitpid(self.pid, 0)
             try:
                 finished, value = pickle.loads(data)
-            except Exception:  # nothing or a part sent: it died (a signal, the out-of-memory killer) or could not pickle
+            except Exception:  # nothing or a part sent: it died (a signal, out of memory) or could not pickle
                 finished, value = False, f"its process (status {status}) sent no complete results"
             self.results = dict(zip(self.keys, value)) if finished else RuntimeError(
                 f"a prefetched run failed: {value}")
