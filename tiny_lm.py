@@ -598,7 +598,10 @@ def _shared_prompt_logits(model, input_ids, attention_mask, prompt_length, posit
     rest = slice(prompt_length, total)
     hidden = model._trunk(input_ids[:, rest], positions[:, rest], causal_padding_mask(attention, total - prompt_length),
                           cache)  # (N, R, D)
-    return torch.cat([at_prompt_end.unsqueeze(1), model.lm_head(hidden[:, :-1])], dim=1)  # (N, R, V)
+    # contiguous: matmul folds a strided (N, R-1, D) into one mm only when the head's weight requires grad, and
+    # uses bmm otherwise; the two round differently on some CPUs, and a frozen snapshot's old_logps must equal
+    # the trainer's logps bit for bit (the ratio is exactly 1 before the first update)
+    return torch.cat([at_prompt_end.unsqueeze(1), model.lm_head(hidden[:, :-1].contiguous())], dim=1)  # (N, R, V)
 
 
 # ---------------------------------------------------------------------------------------------
