@@ -25,6 +25,7 @@ from tiny_lm import (
     causal_padding_mask,
     completion_log_probs,
     completion_scores,
+    distinct_rows,
     generate,
     position_ids_from_mask,
     sample_tokens,
@@ -651,6 +652,19 @@ class SameBitsFaster(unittest.TestCase):
             shared_prompt_logits(self.model, sequences, attention, 13)
         with self.assertRaisesRegex(ValueError, "^model: expected a TinyLM, got OrderedDict$"):
             shared_prompt_logits(self.model.state_dict(), sequences, attention, 6)
+
+    def test_distinct_rows_are_torch_unique_of_the_rows(self):
+        keys = torch.tensor([[2, 1], [2, 1], [0, 3], [2, 1], [0, 3], [0, 3], [1, 1]])  # (2, 1) in two runs
+        distinct, rows = distinct_rows(keys)
+        self.assertEqual(distinct.tolist(), [[0, 3], [1, 1], [2, 1]])  # sorted, as torch.unique's
+        self.assertEqual(rows.tolist(), [2, 2, 0, 2, 0, 0, 1])
+        generator = torch.Generator().manual_seed(9)
+        for count in (1, 5, 40):
+            runs = torch.randint(0, 3, (count, 4), generator=generator)  # few values: repeats far apart too
+            keys = runs.repeat_interleave(torch.randint(1, 4, (count,), generator=generator), dim=0)
+            expected = torch.unique(keys, dim=0, return_inverse=True)
+            for got, want in zip(distinct_rows(keys), expected):
+                self.assertTrue(torch.equal(got, want))
 
     def test_one_token_steps_are_the_bits_of_the_general_cached_forward(self):
         # the sampler's lean step (2D linears, an additive mask) against model.forward with the same cache

@@ -581,13 +581,24 @@ def shared_prompt_logits(model, input_ids, attention_mask, prompt_length, positi
     return logits.clone()  # a copy outside inference_mode: the caller may write into it or keep it for a backward pass
 
 
+def distinct_rows(keys):
+    """torch.unique(keys, dim=0, return_inverse=True) for (N, K) int64 keys whose repeats mostly come in
+    runs (a group's G responses, a prompt's solutions): ((U, K) the distinct rows in sorted order, (N,)
+    int64 the index of each row's). Equal consecutive rows are merged first, so the row-by-row sort of
+    torch.unique(dim=0) runs on one row a run; the result is the same."""
+    starts = torch.ones(keys.shape[0], dtype=torch.bool)
+    starts[1:] = (keys[1:] != keys[:-1]).any(dim=1)  # (N,): a row that differs from the one before it
+    distinct, of_run = torch.unique(keys[starts], dim=0, return_inverse=True)  # (runs, K) -> (U, K), (runs,)
+    return distinct, of_run[starts.cumsum(0) - 1]  # (N,): the run of each row -> its distinct row
+
+
 def _shared_prompt_logits(model, input_ids, attention_mask, prompt_length, position_ids):
     batch, total = input_ids.shape
     attention = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     positions = _position_ids(attention) if position_ids is None else position_ids
     prompt = slice(0, prompt_length)
     keys = torch.cat([input_ids[:, prompt], attention[:, prompt], positions[:, prompt]], dim=1).long()  # (N, 3P)
-    _, rows = torch.unique(keys, dim=0, return_inverse=True)  # (N,): the distinct prompt of each row
+    _, rows = distinct_rows(keys)  # (N,): the distinct prompt of each row
     count = int(rows.max()) + 1
     first = torch.full((count,), batch).scatter_reduce_(0, rows, torch.arange(batch), "amin")  # (U,) a row each
     cache = KVCache(model.config, count, total, next(model.parameters()).dtype)
@@ -756,8 +767,8 @@ def _cached_steps(sampler, sequences, mask, prompt_length, dtype):
     to every row that has it.
     """
     batch, total = sequences.shape
-    prompts, rows = torch.unique(torch.cat([sequences[:, :prompt_length], mask[:, :prompt_length]], dim=1), dim=0,
-                                 return_inverse=True)  # (U, 2P) distinct prompts, (N,) the one of each row
+    prompts, rows = distinct_rows(torch.cat([sequences[:, :prompt_length], mask[:, :prompt_length]], dim=1))
+    # (U, 2P) distinct prompts, (N,) the one of each row
     cache = KVCache(sampler.config, prompts.shape[0], total, dtype)
     hidden = sampler.hidden_states(prompts[:, :prompt_length], prompts[:, prompt_length:], cache=cache, check=False)
     yield sampler.lm_head(hidden[:, -1])[rows]  # (U, P, D) -> (U, V) -> (N, V)
