@@ -92,6 +92,13 @@ def parse(argv=None):
                      f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
     if args.json and args.algorithm != "atoms":
         parser.error(f"argument --json: only applies to --algorithm atoms, got {args.algorithm}")
+    if args.algorithm == "atoms":  # the atoms train nothing and write nothing: a training flag would be lost
+        for flag in ("--steps", "--seed", "--group-size", "--grpo-prompts", "--reward-shift", "--sparse-rewards",
+                     "--output"):
+            dest = flag[2:].replace("-", "_")
+            if getattr(args, dest) != parser.get_default(dest):
+                parser.error(f"argument {flag}: only applies to training, not to --algorithm atoms (which prints "
+                             f"and writes nothing)")
     if args.algorithm != "atoms":
         algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
         output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])

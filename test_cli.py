@@ -63,6 +63,9 @@ PROGRAMS = {
         ("--preference-flips", ["--algorithm", "grpo", "--preference-flips", "2"]), ("--seed", ["--seed", "-1"]),
         ("--seed", ["--seed", str(2**63)]), ("--grpo-prompts", ["--grpo-prompts", "0"]),
         ("--algorithm", ["--algorithm", "sac"]), ("--json", ["--algorithm", "ppo", "--json"]),
+        ("--output", ["--algorithm", "atoms"]),  # the atoms write nothing (the test adds an --output)
+        ("--steps", ["--algorithm", "atoms", "--steps", "3"]), ("--sparse-rewards", ["--algorithm", "atoms",
+                                                                                      "--sparse-rewards"]),
         ("--group-size", ["--grpo-prompts", "4096", "--group-size", "4096"]),  # 16.7M actions per iteration
     ]),
     "ppo_chain.py": Program(ppo_chain.main, ppo_chain.build_parser, ["--steps", "2", "--output", "{out}"], "folder", [
