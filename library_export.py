@@ -479,15 +479,42 @@ def make_trainer(output, steps=ITERATIONS, trainer_class=@TRAINER@, data="data",
 
 TRL_MAIN = '''
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it on stderr and exit status 2, before anything is read or written."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\\n")
+
+
+def steps_count(text):
+    """--steps: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def main(argv=None):
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data", help="the folder of online_tokens.py --export-data (default: data)")
     parser.add_argument("--model", default=None, help="a pretrained causal LM (Hugging Face name or folder); "
                                                       "default: the tiny model built here")
-    parser.add_argument("--steps", type=int, default=ITERATIONS, help=f"the lab's iterations (default {ITERATIONS})")
+    parser.add_argument("--steps", type=steps_count, default=ITERATIONS,
+                        help=f"the lab's iterations, an integer >= 1 (default {ITERATIONS})")
     parser.add_argument("--output", default="trl-run", help="the output folder (default: trl-run)")
     parser.add_argument("--vllm", action="store_true", help="generate with vLLM (a GPU) and apply its correction")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    missing = [name for name in ("train.jsonl", "rl_lab_verifier.py")
+               if not os.path.isfile(os.path.join(args.data, name))]
+    if missing:
+        parser.error(f"argument --data: {args.data} has no {' and no '.join(missing)}; write the folder with: python "
+                     f"online_tokens.py --task {TASK} --export-data {args.data}")
+    if os.path.lexists(args.output) and not os.path.isdir(args.output):
+        parser.error(f"argument --output: {args.output} exists and is not a folder")
+    if args.model is not None:  # the tokenizer loads in a moment: a wrong name fails here, not after the data
+        try:
+            AutoTokenizer.from_pretrained(args.model)
+        except (OSError, ValueError) as error:  # no such folder or name, no network, a folder without a tokenizer
+            parser.error(f"argument --model: {args.model}: {error}")
     make_trainer(args.output, args.steps, data=args.data, model_name=args.model, vllm=args.vllm).train()
 
 

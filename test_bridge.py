@@ -877,6 +877,37 @@ class TrlExports(unittest.TestCase):
                          f"--export-data {data}")
         self.assertEqual(len(script.load_prompts(exported_data("countdown")[0], None)), 421)  # its own task's load
 
+    def test_the_script_refuses_a_bad_flag_with_one_line_and_writes_nothing(self):
+        folder = tempfile.mkdtemp()
+        data, _ = exported_data("binary")
+        path = os.path.join(folder, "run_trl.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(library_export.export_trl(bridge.run_settings({})))
+        taken = os.path.join(folder, "taken")
+        with open(taken, "w", encoding="utf-8") as handle:
+            handle.write("keep me\n")
+        empty = os.path.join(folder, "empty")
+        os.mkdir(empty)
+        out = os.path.join(folder, "run")
+        cases = [("--steps", ["--steps", "0", "--data", data]), ("--steps", ["--steps", "1.5", "--data", data]),
+                 ("--data", ["--data", os.path.join(folder, "nowhere")]), ("--data", ["--data", empty]),
+                 ("--output", ["--data", data, "--output", taken]),
+                 ("--model", ["--data", data, "--model", empty])]  # a folder without a tokenizer
+        with bridge._quiet():
+            script = bridge.load_script(path)
+        for flag, argv in cases:
+            with self.subTest(argv=argv):
+                extra = [] if "--output" in argv else ["--output", out]
+                code, stdout, stderr = run_main(script.main, argv + extra)
+                self.assertEqual((code, stdout), (2, ""))
+                self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+                self.assertIn(f"argument {flag}: ", stderr)
+                self.assertFalse(os.path.exists(out))
+        self.assertEqual(sorted(os.listdir(folder)), ["empty", "run_trl.py", "taken"])
+        with open(taken, encoding="utf-8") as handle:
+            self.assertEqual(handle.read(), "keep me\n")
+        self.assertEqual(os.listdir(empty), [])
+
     def test_ppo_export_exits_2_naming_the_flag_and_writes_nothing(self):
         folder = tempfile.mkdtemp()
         path = os.path.join(folder, "run_trl.py")
