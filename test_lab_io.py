@@ -106,7 +106,8 @@ class Prefetch(unittest.TestCase):
         if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
             self.skipTest("prefetch computes in place on one core")
         # a chain of its own: not behind the suite's prefetches, which would make it wait for all of them
-        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(lab_testing._Prefetch, "_computed", None):
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(lab_testing._Prefetch, "_computed", None), \
+                mock.patch.object(sys, "argv", ["python -m unittest"]):  # the whole suite, whatever was selected
             log = os.path.join(tmp, "starts")
             first = [("test_lab_io", "_record_start", (log, value), {}) for value in (3, 4)]
             second = [("test_lab_io", "_record_start", (log, 5), {})]
@@ -121,6 +122,26 @@ class Prefetch(unittest.TestCase):
                 with self.assertRaisesRegex(RuntimeError, "a prefetched run failed: ValueError: math domain error"):
                     lab_testing.shared_calls(failed)
 
+
+    def test_a_selection_of_classes_or_tests_prefetches_nothing(self):
+        cases = {("python -m unittest",): False, ("python -m unittest", "discover", "-s", ".", "-p", "test_*.py"): False,
+                 ("python -m unittest", "test_online_tokens", "test_results.py"): False,
+                 ("python -m unittest", "test_online_tokens.Learning"): True,
+                 ("python -m unittest", "-k", "Learning"): True, ("python -m unittest", "-kLearning"): True,
+                 ("test_results.py",): False, ("test_results.py", "CommittedResults"): True,
+                 ("bench.py", "--part", "suite", "--output", "results-bench/suite.json"): False}
+        for argv, selects in cases.items():
+            with self.subTest(argv=argv):
+                self.assertIs(lab_testing.selects_tests(list(argv)), selects)
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(lab_testing._Prefetch, "_computed", None), \
+                mock.patch.object(sys, "argv", ["python -m unittest", "test_lab_io.Prefetch"]):
+            log = os.path.join(tmp, "starts")
+            jobs = [("test_lab_io", "_record_start", (log, 6), {})]
+            lab_testing.prefetch(jobs)
+            self.assertNotIn(lab_testing._shared_key(jobs[0]), lab_testing._PREFETCHED)  # nothing started
+            self.assertEqual(lab_testing.shared_calls(jobs), [36])  # computed where asked
+            with open(log, encoding="utf-8") as handle:
+                self.assertEqual(handle.read().split(), ["6"])
 
 class OutputsThatMustNotBeReplaced(unittest.TestCase):
     def setUp(self):

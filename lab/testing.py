@@ -241,12 +241,29 @@ class _Prefetch:
             self.read.close()
 
 
+def selects_tests(argv):
+    """True when a unittest command line (sys.argv of `python -m unittest ...` or of `python test_x.py ...`)
+    picks classes or tests (a dotted name past a module, or -k), not whole modules or a discovery. Another
+    program's command line (bench.py's, say) selects nothing."""
+    if not argv or not (argv[0].endswith("unittest") or os.path.basename(argv[0]).startswith("test_")):
+        return False
+    arguments = argv[1:]
+    if any(argument == "-k" or argument.startswith("-k") for argument in arguments):
+        return True
+    names = [argument for argument in arguments if not argument.startswith("-") and not os.path.isdir(argument)]
+    if not argv[0].endswith("unittest"):  # python test_x.py Class...: every name is a class or a test
+        return bool(names)
+    return any("." in (name[:-3] if name.endswith(".py") else name) for name in names)
+
+
 def prefetch(jobs):
     """Start computing these shared_calls jobs now, in one forked process beside the tests (where fork
     exists and the machine has two cores or more); shared_calls then collects them instead of computing them.
-    A test file calls it when it is imported, for the runs its slowest classes need; a process that is
-    not collected (only some tests were selected) is killed when the tests end."""
-    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork"):
+    A test file calls it when it is imported, for the runs its slowest classes need. Nothing starts when
+    the command line selects single classes or tests (`python -m unittest test_x.Class`, `-k`): their
+    runs are computed where asked, and the other classes' runs not at all. A process that is not
+    collected is killed when the tests end."""
+    if (os.cpu_count() or 1) < 2 or not hasattr(os, "fork") or selects_tests(sys.argv):
         return
     keys, todo = [], []
     for job in jobs:
