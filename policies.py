@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -228,6 +229,20 @@ class TableCritic:
 # in a lower precision than it trains in, as an inference engine does.
 
 
+_PROMPT_TABLES = weakref.WeakKeyDictionary()  # task -> prompt_table(task), while the task lives
+
+
+def prompt_table(task):
+    """((M, P) int64 ids, (M, P) int64 attention mask): every prompt of the task (both splits, M of them)
+    left-padded by sft.prompt_batch, built once per task object: a run's policy, reference and snapshots,
+    and every run of one task in a process, share it (it is never written to). A task of 20k prompts
+    takes a third of a second to build."""
+    if task not in _PROMPT_TABLES:
+        _PROMPT_TABLES[task] = sft.prompt_batch(task, list(range(task.prompt_count("train")
+                                                                  + task.prompt_count("test"))))
+    return _PROMPT_TABLES[task]
+
+
 class TransformerPolicy:
     """A TinyLM behind the policy interface. prompts are the task's global prompt indices: the policy
     turns them into left-padded token batches itself. It samples with `tiny_lm.generate` (KV cache,
@@ -242,7 +257,6 @@ class TransformerPolicy:
         self.model, self.task, self.temperature = model, task, temperature
         self.max_new_tokens, self.sampler_dtype, self.use_cache = max_new_tokens, sampler_dtype, use_cache
         self.position_ids = position_ids  # how the trainer numbers positions: "mask" (right) or "arange" (the bug)
-        self._prompts = None  # every prompt of the task, left-padded: see prompt_batch
 
     def parameters(self):
         return list(self.model.parameters())
@@ -250,19 +264,14 @@ class TransformerPolicy:
     def snapshot(self):
         """A frozen copy (no gradient, eval mode)."""
         model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        frozen = TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
-                                   self.use_cache, self.position_ids)
-        frozen._prompts = self._prompts  # the same task's prompts (never written to)
-        return frozen
+        return TransformerPolicy(model, self.task, self.temperature, self.max_new_tokens, self.sampler_dtype,
+                                 self.use_cache, self.position_ids)
 
     def prompt_batch(self, prompts):
         """(N, P) int64 prompt tokens left-padded with PAD and their (N, P) int64 attention mask: the
         first real token of every row then has position 0 (position ids come from the mask). P is the
         longest of these prompts: rows of one table of every prompt of the task, cut to that width."""
-        if self._prompts is None:  # built once: the loop asks for a batch several times an iteration
-            self._prompts = sft.prompt_batch(self.task, list(range(self.task.prompt_count("train")
-                                                                    + self.task.prompt_count("test"))))
-        ids, mask = self._prompts  # (all prompts, longest width)
+        ids, mask = prompt_table(self.task)  # (all prompts, longest width)
         width = int(mask[prompts].sum(dim=1).max())
         return ids[prompts, ids.shape[1] - width:], mask[prompts, ids.shape[1] - width:]
 

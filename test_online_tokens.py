@@ -26,7 +26,7 @@ import rl_lab
 from online_algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, ratio_diagnostics
 import online_settings
 from online_settings import default_output, resolve
-from policies import TableCritic, logps_of_tokens, nucleus
+from policies import TableCritic, logps_of_tokens, nucleus, prompt_table
 from tasks import BinaryTask
 from rl_lab import DTYPE, dpo_loss, grpo_policy_loss, sequence_log_ratio, clipped_policy_loss
 
@@ -1151,6 +1151,19 @@ class TransformerRuns(unittest.TestCase):
         # the row's is over a fixed draw of 4 test prompts, the evaluation's over all 106
         all_prompts = sft.exact_success(state_model(self.small), TASK_COUNTDOWN, TASK_COUNTDOWN.split_prompts("test"))
         self.assertAlmostEqual(before["exact_pass@1"], all_prompts.mean().item(), places=5)
+
+    def test_one_prompt_table_per_task_shared_by_the_policy_reference_and_snapshots(self):
+        state = online_tokens.setup(**self.small)
+        table = prompt_table(state.task)
+        self.assertIs(prompt_table(state.task), table)  # built once
+        everything = list(range(state.task.prompt_count("train") + state.task.prompt_count("test")))
+        for built, expected in zip(table, sft.prompt_batch(state.task, everything)):
+            self.assertTrue(torch.equal(built, expected))
+        prompts = torch.tensor([5, 0, 5, 9])
+        for policy in (state.policy, state.reference, state.policy.snapshot()):
+            ids, mask = policy.prompt_batch(prompts)
+            expected_ids, expected_mask = sft.prompt_batch(state.task, prompts)  # cut to these prompts' width
+            self.assertTrue(torch.equal(ids, expected_ids) and torch.equal(mask, expected_mask))
 
     def test_the_ratio_is_exactly_one_before_the_first_update_in_float64(self):
         state = online_tokens.setup(dtype="float64", **self.small)
