@@ -975,10 +975,10 @@ _FRESH_INTERPRETER = subprocess.Popen(
     [sys.executable, "-B", "-c", "import sys, time\nfrom atlas import engine\n"
      "before = 'torch._dynamo' in sys.modules\n"
      "started = time.perf_counter()\n"
-     "engine._import_torch_lazy_modules()\n"
+     "engine.import_torch_lazy_modules()\n"
      "first = time.perf_counter() - started\n"
      "started = time.perf_counter()\n"
-     "engine._import_torch_lazy_modules()\n"
+     "engine.import_torch_lazy_modules()\n"
      "print(before, 'torch._dynamo' in sys.modules, first > 10 * (time.perf_counter() - started))\n"],
     cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -1005,7 +1005,7 @@ class Timing(unittest.TestCase):
         table = {"t": catalog.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"],
                                          seeds_reason="a test")}
         with mock.patch.dict(runners.RUNNERS, nap=_nap), \
-                mock.patch.object(engine, "_import_torch_lazy_modules", side_effect=lambda: time.sleep(0.1)):
+                mock.patch.object(engine, "import_torch_lazy_modules", side_effect=lambda: time.sleep(0.1)):
             index, seconds, result = engine._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
             self.assertEqual((index, result), (3, {"metrics": {"m": 2.0}}))
             self.assertGreaterEqual(seconds, 0.02)

@@ -25,7 +25,7 @@ from atlas.catalog import configuration_name, experiments
 from atlas.claims import (CHECK, CLAIM, FAILS, HOLDS, KINDS, NOISE, check_claim, count_text, interval_text,
                           number_text)
 from atlas.runners import RUNNERS, SFT_STARTS, TARGET, TRAINING_RUNNERS, TRANSFORMER_RUNNERS
-from lab.checks import torch_threads
+from lab.checks import import_torch_lazy_modules, torch_threads
 from lab.io import HeldSignals, Terminated, csv_text, json_text
 from tasks import TASKS
 
@@ -58,19 +58,13 @@ def _worker_signals():
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
 
 
-def _import_torch_lazy_modules():
-    """Build and drop one optimizer: a process's first one imports torch._dynamo and sympy (1-2 s, several
-    on a loaded machine), which would otherwise count as the run time of each process's first run."""
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-
-
 def _run_job(job):
     """Worker entry: (experiment name, global index, label, seed, runner, options) -> (index, seconds, result);
     seconds: the run alone, the process's one-time imports excluded."""
     name, index, label, seed, runner, options = job
     if runner in TRANSFORMER_RUNNERS:  # each seed its own SFT start, so a claim replicates over starts too
         options = {"sft_seed": seed, **options}
-    _import_torch_lazy_modules()  # about a millisecond once they are imported
+    import_torch_lazy_modules()  # about a millisecond once they are imported
     started = time.perf_counter()
     with torch_threads(1):
         result = RUNNERS[runner](seed, **options)
@@ -136,7 +130,7 @@ def _results_from_workers(all_jobs, jobs_count):
     waits for it, so no worker outlives the run."""
     # fork where it exists: the workers inherit the imported modules instead of importing torch again
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    _import_torch_lazy_modules()  # once, here: forked workers inherit them instead of each importing them again
+    import_torch_lazy_modules()  # once, here: forked workers inherit them instead of each importing them again
     workers = {}  # the main process's end of each worker's pipe -> the worker process
     pending = list(reversed(all_jobs))
     try:
@@ -487,7 +481,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     table: {name: Experiment}, default `experiments()`. Returns {name: seconds}, each experiment's run
     time summed over its runs."""
     table = experiments() if table is None else table
-    _import_torch_lazy_modules()  # forked workers inherit them
+    import_torch_lazy_modules()  # forked workers inherit them
     warm_start([table[name] for name in names], seeds, seed_start, jobs_count, report)
     all_jobs, owner, seeds_of = [], {}, {}
     for name in names:
@@ -500,7 +494,7 @@ def run_experiments(names, seeds, jobs_count, finished, report=print, table=None
     pending = {name: sum(1 for index in owner if owner[index] == name) for name in names}
     results, seconds_of = {}, dict.fromkeys(names, 0.0)
     total_cost, done_cost = sum(cost.values()), 0.0
-    _import_torch_lazy_modules()  # before the ETA's clock, and forked workers inherit them
+    import_torch_lazy_modules()  # before the ETA's clock, and forked workers inherit them
     started = time.perf_counter()
     ordered = [all_jobs[index] for index in order]
     iterator = map(_run_job, ordered) if jobs_count == 1 else _results_from_workers(ordered, jobs_count)

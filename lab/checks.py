@@ -220,6 +220,13 @@ def machine():
             f"{platform.system()} {platform.machine()}")
 
 
+def import_torch_lazy_modules():
+    """Build and drop one optimizer: a process's first one imports torch._dynamo and sympy (1-2 s, several
+    on a loaded machine). Called before forking workers, so that they inherit the modules instead of each
+    importing them again, and before a clock starts, so that the import is not counted as a run's time."""
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+
 @contextlib.contextmanager
 def torch_threads(count):
     """Run a block (or, as a decorator, a function) with `count` torch threads, then restore the count.

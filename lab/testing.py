@@ -174,6 +174,15 @@ def _shared_key(job):
 _PREFETCHED = {}  # key -> the forked process computing it (prefetch), until shared_calls collects it
 
 
+def _import_torch_lazy_modules():
+    """lab.checks.import_torch_lazy_modules before a fork, once torch is imported (this module does not
+    import it: a test of what a program imports before its flags are parsed imports this module too)."""
+    if "torch" in sys.modules:
+        from lab.checks import import_torch_lazy_modules
+
+        import_torch_lazy_modules()
+
+
 class _Prefetch:
     """One forked process that computes a list of shared calls, one after the other, and sends their results
     (pickled) down a pipe. It starts when a test file is imported and runs beside the tests before it; the
@@ -188,6 +197,7 @@ class _Prefetch:
         after, (computed_read, computed_write) = _Prefetch._computed, os.pipe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        _import_torch_lazy_modules()
         self.pid = os.fork()
         if self.pid == 0:  # the child: compute, send, and end without returning into the tests
             with contextlib.suppress(BaseException):
@@ -321,8 +331,7 @@ def parallel_calls(jobs):
     workers = min(os.cpu_count() or 1, len(jobs))
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [_call(job) for job in jobs]
-    if "torch" in sys.modules:  # a process's first optimizer imports torch._dynamo (seconds): once, before the fork
-        sys.modules["torch"].optim.Adam([sys.modules["torch"].zeros(1, requires_grad=True)])
+    _import_torch_lazy_modules()
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return pool.map(_call, jobs, chunksize=1)
 
