@@ -75,6 +75,7 @@ CONFORMANCE = os.path.join("results-bridge", "conformance.md")
 BENCH = os.path.join("results-bench", "transformer.json")  # python bench.py --part transformer --output BENCH
 SUITE_BENCH = os.path.join("results-bench", "suite.json")  # python bench.py --part suite --runs 3 --output SUITE_BENCH
 ATLAS_TIMINGS = os.path.join("results-bench", "atlas.json")  # python experiments.py all --timings ATLAS_TIMINGS
+LEARNER_FILE_START = '"""My atoms: '  # how exercises.py start begins a learner's file (exercises.HEADER)
 ARXIV = re.compile(r"arXiv[ :]*([0-9]{4}\.[0-9]{4,5})")
 # What each cited arXiv id is. An id cited in the code but missing here is listed without a title.
 ARXIV_TITLES = {
@@ -500,17 +501,24 @@ def test_files(root):
     """A table of the test files and what each checks (its docstring's first paragraph). No counts: they
     would change with every test added, and `python -m unittest` prints them."""
     rows = []
-    for filename in sorted(name for name in os.listdir(root) if name.startswith("test_") and name.endswith(".py")):
+    for filename in (name for name in lab_python_files(root) if name.startswith("test_")):
         first = module_docstring(root, filename).split("\n\n")[0]
         rows.append(f"| `{filename}` | {prose(' '.join(first.split()))} |")
     return "\n".join(["| file | what it checks (its docstring) |", "|---|---|"] + rows)
+
+
+def lab_python_files(root):
+    """The lab's own Python files in `root`, sorted: every *.py but a learner's file of exercises (it starts
+    as exercises.HEADER does, whatever --file named it), so that following the course changes no page."""
+    return sorted(name for name in os.listdir(root) if name.endswith(".py")
+                  and not read_text(root, name).startswith(LEARNER_FILE_START))
 
 
 def citations(root):
     """{arXiv id: sorted files that cite it} over the lab's Python files (the atlas/ package's too) and the
     atlas's settings."""
     found = {}
-    names = sorted(name for name in os.listdir(root) if name.endswith(".py"))
+    names = lab_python_files(root)
     names += sorted(os.path.join("atlas", name) for name in os.listdir(os.path.join(root, "atlas"))
                     if name.endswith(".py"))
     names += [os.path.join(ATLAS, folder, "settings.json") for folder in experiment_folders(root)]
@@ -966,6 +974,18 @@ def committed_pages(root=HERE):
     return found
 
 
+def _around_difference(old, new, width=120):
+    """The two lines cut to `width` characters around their first differing character ("..." where cut), so
+    that a difference far into a long line shows."""
+    start = next((index for index, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    start = max(0, start - width // 3)
+
+    def cut(text):
+        return ("..." if start else "") + text[start:start + width] + ("..." if len(text) > start + width else "")
+
+    return cut(old), cut(new)
+
+
 def first_difference(pages, root=HERE):
     """None when every page under `root` is what `pages` holds; else one line naming the first page (in
     render order) and line that differs, or the page that is missing or no longer rendered."""
@@ -979,8 +999,9 @@ def first_difference(pages, root=HERE):
         rendered = text.split("\n")
         for line_number, (old, new) in enumerate(zip(committed, rendered), start=1):
             if old != new:
+                page, rendering = _around_difference(old.strip(), new.strip())
                 return (f"{path} line {line_number} differs from what the templates and committed results "
-                        f"render: page {old.strip()[:120]!r}, rendered {new.strip()[:120]!r} "
+                        f"render: page {page!r}, rendered {rendering!r} "
                         "(edit the template, not the page, then run python make_docs.py)")
         if len(committed) != len(rendered):
             line_number = min(len(committed), len(rendered)) + 1

@@ -103,6 +103,27 @@ class CommittedPages(unittest.TestCase):
             self.assertIn(f"docs/bandit.md line {line}", stderr)
             self.assertEqual(read(os.path.join(root, "docs", "bandit.md")), edited)  # --check writes nothing
 
+    def test_a_learners_files_of_exercises_change_no_page(self):
+        import exercises
+
+        cited = "arX" + "iv"  # split: this file's own text must cite nothing
+        learner = exercises.stub_text("hard.py") + f"\n# see {cited} 2402.03300 and {cited} 9999.99999\n"
+        self.assertTrue(learner.startswith(make_docs.LEARNER_FILE_START))
+        with copy_of_the_lab({"my_atoms.py": exercises.stub_text(), "hard.py": learner,
+                              "test_hard.py": learner}) as root:
+            self.assertEqual(make_docs.lab_python_files(root), make_docs.lab_python_files(HERE))
+            pages = make_docs.render_all(root)
+        self.assertIsNone(make_docs.first_difference(pages, HERE))
+
+    def test_a_difference_far_into_a_long_line_shows_in_the_message(self):
+        old, new = "x" * 300 + "0.758" + "y" * 200, "x" * 300 + "0.762" + "y" * 200
+        page, rendering = make_docs._around_difference(old, new)
+        self.assertEqual((page[:3], page[-3:]), ("...", "..."))
+        self.assertIn("0.758", page)
+        self.assertIn("0.762", rendering)
+        self.assertLessEqual(len(page), 126)
+        self.assertEqual(make_docs._around_difference("short a", "short b"), ("short a", "short b"))
+
     def test_a_changed_result_changes_every_page_that_quotes_it(self):
         report = json.loads(read(os.path.join(HERE, "results", "ppo.json")))
         report["final"]["expected_reward"] = 0.91234567
