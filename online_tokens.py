@@ -791,7 +791,8 @@ def first_teaching_group(first_batch, group_size):
 
 def summary_text(rows, report, seconds):
     """A few readable lines: start, end, the budget, and the first group of the first batch whose rewards
-    vary (an example of the credit; a tied group's advantages are all 0)."""
+    vary (an example of the credit: a tied group's group-relative advantages are all 0, and it gives DPO no
+    pair; PPO's advantages come from its critic)."""
     first, last = rows[1], rows[-1]  # rows[0] is the initial evaluation: nothing sampled yet
     settings = report["settings"]
     lines = [
@@ -807,11 +808,17 @@ def summary_text(rows, report, seconds):
         "and updates; machine-dependent, so printed here and kept out of the files, which stay byte-identical)",
     ]
     index, group = first_teaching_group(report["first_batch"], settings["group_size"])
+    family = family_of(settings["algorithm"])
     if index is None:
-        lines.append("  first group of the first batch (no group's rewards vary in it: every advantage is 0):")
+        consequence = {"group": ": every advantage is 0", "dpo": ": no group gives a preference pair",
+                       "ppo": "; PPO's advantages come from its critic"}[family]
+        lines.append(f"  first group of the first batch (no group's rewards vary in it{consequence}):")
     else:
-        before = {1: "", 2: "; group 1 ties, so its advantages are 0"}.get(
-            index, f"; groups 1-{index - 1} tie, so their advantages are 0")
+        consequence = {"group": ", so {} advantages are 0", "dpo": ", so {} no preference pair",
+                       "ppo": " (PPO's advantages come from its critic, not from the group)"}[family]
+        one, several = {"group": ("its", "their"), "dpo": ("it gives", "they give"), "ppo": ("", "")}[family]
+        before = {1: "", 2: "; group 1 ties" + consequence.format(one)}.get(
+            index, f"; groups 1-{index - 1} tie" + consequence.format(several))
         lines.append(f"  group {index} of {settings['prompts']} in the first batch, the first whose rewards "
                      f"vary{before}:")
     for item in group:

@@ -1,6 +1,7 @@
 """Redraw the lab's figures from its CSV/JSON outputs (reads files only; never imports torch).
 
     python plot_results.py --input results --output results/training-curves.svg
+    python ppo_chain.py --gae-lambda 0 --output results-chain-lambda0      # a second chain run, to overlay
     python plot_results.py --input results-chain results-chain-lambda0 --output chain.png     # one line per folder
     python plot_results.py --input results-tokens.json --output results-tokens.svg
     python plot_results.py --input results-online-grpo-sequence results-online-cispo-sequence --output online.png

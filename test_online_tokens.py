@@ -271,10 +271,10 @@ class FirstBatchExample(unittest.TestCase):
         return [{"prompt": 0, "answer": "0", "response": "EOS", "truncated": False, "reward": reward,
                  "advantage": 0.0} for reward in rewards]
 
-    def summary_header(self, first_batch):
+    def summary_header(self, first_batch, algorithm="grpo"):
         row = {"success_probability": 0.5, "kl_reference": 0.0, "success_rate": 0.5, "mean_response_length": 1.0,
                "clip_fraction": 0.0, "total_tokens_sampled": 8, "responses_sampled": 4}
-        report = {"settings": {"algorithm": "grpo", "steps": 1, "prompts": 3, "group_size": 2, "seed": 0},
+        report = {"settings": {"algorithm": algorithm, "steps": 1, "prompts": 3, "group_size": 2, "seed": 0},
                   "initial_success_probability": 0.5, "first_batch": first_batch}
         lines = online_tokens.summary_text([row, row], report, 1.0).splitlines()
         return lines[5], lines[6:]
@@ -317,6 +317,15 @@ class FirstBatchExample(unittest.TestCase):
         self.assertEqual(header, "  first group of the first batch (no group's rewards vary in it: every advantage "
                                  "is 0):")
         self.assertEqual(len(shown), 2)
+        # a tied group costs DPO its pair; PPO's critic gives it advantages all the same
+        self.assertTrue(self.summary_header(tie + tie + varies, "dpo")[0].endswith(
+            "groups 1-2 tie, so they give no preference pair:"))
+        self.assertTrue(self.summary_header(tie + varies, "dpo")[0].endswith("group 1 ties, so it gives no preference "
+                                                                             "pair:"))
+        for first_batch, ending in ((tie + varies, "group 1 ties (PPO's advantages come from its critic, not from the "
+                                                   "group):"),
+                                    (tie + tie + tie, "vary in it; PPO's advantages come from its critic):")):
+            self.assertTrue(self.summary_header(first_batch, "ppo")[0].endswith(ending))
 
 
 class OnlineValidation(unittest.TestCase):
