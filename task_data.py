@@ -35,7 +35,8 @@ VERIFIER_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "text
 ABILITY = {"binary": "binary", "countdown": "arithmetic"}
 
 
-PYARROW_NEEDED = "pyarrow is needed for the parquet files (pip install -r requirements-bridge.txt)"
+PYARROW_NEEDED = ("pyarrow is needed for the parquet files: run this with the bridge's venv (.venv-bridge/bin/python, "
+                  "see requirements-bridge.txt) or add pyarrow alone to this one (pip install pyarrow)")
 
 
 class PyarrowMissing(Exception):
