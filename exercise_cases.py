@@ -653,6 +653,8 @@ def _categorical_kl_loop(logits, reference_logits, **_):
     return t(out).reshape(logits.shape[:-1])
 
 
+_KL_HAND = 0.75 * LN(1.5) + 0.25 * LN(0.5)  # KL((3/4, 1/4) || uniform), the hand case's value
+
 CATEGORICAL_KL = Exercise(
     "categorical_kl", "06-kl-regularized-objective", rl_lab.categorical_kl,
     """The exact KL(softmax(logits) || softmax(reference_logits)) over the last axis, in nats.
@@ -675,6 +677,15 @@ CATEGORICAL_KL = Exercise(
              given(t([[LN(3.0), 0.0]]), leaf([[0.0, 0.0]])), t([[0.0, 0.0]]),
              "detach reference_logits: the reference is frozen",
              "which-kl-reverse-and-forward", measure=gradient_of(1)),
+        Case("gradient: d KL / d logits_a = p(a) * (log p(a) - log q(a) - KL), for p = (3/4, 1/4)",
+             given(leaf([[LN(3.0), 0.0]]), t([[0.0, 0.0]])),
+             t([[0.75 * (LN(1.5) - _KL_HAND), 0.25 * (LN(0.5) - _KL_HAND)]]),
+             "the gradient flows through the policy's log_softmax AND through the weights p: detach neither",
+             "which-kl-reverse-and-forward", measure=gradient_of(0)),
+        Case("hand: p = (1, e^-800) against the uniform is ln 2, not nan",
+             given(t([[0.0, -800.0]]), t([[0.0, 0.0]])), t([LN(2.0)]),
+             "log(softmax(...)) gives log 0 = -inf and 0 * -inf = nan: take log_softmax, and p = its exp",
+             "which-kl-reverse-and-forward"),
         Case("reference: seeded random (2, 3, 4) against a Python loop",
              given(random_leaf((2, 3, 4), 22, scale=1.5), random_leaf((2, 3, 4), 23, scale=1.5)),
              _categorical_kl_loop,
@@ -723,10 +734,20 @@ DPO_LOSS = Exercise(
              t([-0.25, -0.5 / (1.0 + math.exp(1.0))]),
              "d loss / d chosen = -beta * sigmoid(-beta * margin): raising the chosen answer lowers the loss",
              "dpo-from-the-kl-optimum", measure=gradient_of(0)),
+        Case("gradient: +beta * sigmoid(-beta * margin) on rejected",
+             given(t([-2.0, -1.0]), leaf([-2.0, -3.0]), t([-2.0, -2.0]), t([-2.0, -2.0]), beta=0.5),
+             t([0.25, 0.5 / (1.0 + math.exp(1.0))]),
+             "the gradient flows into rejected too (detach only the reference): DPO pushes the dispreferred "
+             "answer down as it pulls the preferred one up",
+             "dpo-from-the-kl-optimum", measure=gradient_of(1)),
         Case("gradient: the reference gets none",
              given(t([-1.0]), t([-2.0]), leaf([-1.5]), t([-1.0])), t([0.0]),
              "detach the reference log-probs: the reference is frozen",
              "dpo-from-the-kl-optimum", measure=gradient_of(2)),
+        Case("gradient: the reference's rejected answer gets none",
+             given(t([-1.0]), t([-2.0]), t([-1.5]), leaf([-1.0])), t([0.0]),
+             "detach both reference log-probs, ref_rejected as ref_chosen: the reference is frozen",
+             "dpo-from-the-kl-optimum", measure=gradient_of(3)),
         Case("reference: seeded random (8,), beta 0.3, against a Python loop",
              given(random_leaf((8,), 24, 3.0), random_leaf((8,), 25, 3.0), random_leaf((8,), 26, 3.0),
                    random_leaf((8,), 27, 3.0), beta=0.3),

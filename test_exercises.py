@@ -124,6 +124,31 @@ def kl_weighted_by_reference(logits, reference_logits, *, check=True):
     return (logq.exp() * (logq - logp)).sum(dim=-1)
 
 
+def kl_detached(logits, reference_logits, *, check=True):  # a value without a gradient: the KL would pull nothing
+    logp, logq = F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits.detach(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(dim=-1).detach()
+
+
+def kl_weights_detached(logits, reference_logits, *, check=True):  # its expected gradient is 0
+    logp, logq = F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits.detach(), dim=-1)
+    return (logp.exp().detach() * (logp - logq)).sum(dim=-1)
+
+
+def kl_log_of_softmax(logits, reference_logits, *, check=True):
+    p, q = F.softmax(logits, dim=-1), F.softmax(reference_logits.detach(), dim=-1)
+    return (p * (p.log() - q.log())).sum(dim=-1)
+
+
+def dpo_rejected_detached(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
+    margin = (chosen - rejected.detach()) - (ref_chosen.detach() - ref_rejected.detach())
+    return -F.logsigmoid(beta * margin)
+
+
+def dpo_ref_rejected_not_detached(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
+    margin = (chosen - rejected) - (ref_chosen.detach() - ref_rejected)
+    return -F.logsigmoid(beta * margin)
+
+
 def dpo_log_of_sigmoid(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
     margin = (chosen - rejected) - (ref_chosen.detach() - ref_rejected.detach())
     return -torch.log(torch.sigmoid(beta * margin))
@@ -181,7 +206,12 @@ MISTAKES = [
     ("kl_k2", k2_without_half, "the factor 1/2"),
     ("kl_k3", k3_wrong_direction, "has a mean under pi that is no KL"),
     ("categorical_kl", kl_weighted_by_reference, "weight by the POLICY"),
+    ("categorical_kl", kl_detached, "detach neither"),
+    ("categorical_kl", kl_weights_detached, "detach neither"),
+    ("categorical_kl", kl_log_of_softmax, "0 * -inf = nan"),
     ("dpo_loss", dpo_log_of_sigmoid, "use F.logsigmoid"),
+    ("dpo_loss", dpo_rejected_detached, "flows into rejected too"),
+    ("dpo_loss", dpo_ref_rejected_not_detached, "ref_rejected as ref_chosen"),
     ("group_advantages", group_sample_std, "POPULATION std"),
     ("group_advantages", group_no_exact_zeros, "exactly 0"),
     ("rloo_advantages", rloo_with_own_reward, "leave the sample out"),
