@@ -736,17 +736,15 @@ def _surrogates(token_logps, ref_token_logps):
     k2 = rl_lab.kl_k2(token_logps, ref_token_logps)
     k3 = rl_lab.kl_k3(token_logps, ref_token_logps)
     # on-policy the old policy is the current one, detached: the ratio is 1 in value and carries the gradient
-    ratio = (token_logps - token_logps.detach()).exp()
     sequence_logps = token_logps.sum(dim=-1)  # (S,)
     return {
         "k1 in the loss": k1.sum(dim=-1),
         "k2 in the loss": k2.sum(dim=-1),
         "k3 in the loss": k3.sum(dim=-1),
-        # TRL's GRPOConfig(use_bias_correction_kl=True): per-token k3 times the ratio pi/old (no atom: from
-        # the formula)
-        "k3 x ratio (TRL)": (ratio * k3).sum(dim=-1),
-        # verl's kl_loss_type="k3+": k3's value, k2's gradient, straight through (no atom: from the formula)
-        "k3+ (verl)": (k2 - k2.detach() + k3.detach()).sum(dim=-1),
+        # TRL's GRPOConfig(use_bias_correction_kl=True): per-token k3 times the ratio pi/old
+        "k3 x ratio (TRL)": rl_lab.kl_k3_is_corrected(token_logps, token_logps.detach(), ref_token_logps).sum(dim=-1),
+        # verl's kl_loss_type="k3+": k3's value, k2's gradient, straight through
+        "k3+ (verl)": rl_lab.kl_straight_through(token_logps, ref_token_logps, "k3+").sum(dim=-1),
         # the KL in the reward: -beta * sum_t k1 (detached) multiplies grad log pi(y) like any reward
         "k1 in the reward": log_ratio.sum(dim=-1).detach() * sequence_logps,
         "k2 of the sequence log-ratio": rl_lab.kl_k2(sequence_logps, ref_token_logps.sum(dim=-1)),
