@@ -124,6 +124,128 @@ def kl_weighted_by_reference(logits, reference_logits, *, check=True):
     return (logq.exp() * (logq - logp)).sum(dim=-1)
 
 
+def logps_of_softmax(logits, input_ids, response_mask, *, check=True):
+    logp = torch.log(torch.softmax(logits[:, :-1], dim=-1))  # the mistake: underflows to log 0
+    valid = response_mask[:, 1:].bool()
+    token = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid, token, torch.zeros_like(token)), valid
+
+
+def mask_eos_on_padding(completion_ids, eos_token_id, pad_mask=None, *, check=True):
+    real = torch.ones_like(completion_ids, dtype=torch.bool) if pad_mask is None else pad_mask.bool()
+    is_eos = completion_ids == eos_token_id  # the mistake: an EOS on padding counts as the end
+    before = (is_eos.long().cumsum(dim=1) - is_eos.long()) == 0
+    return (before & real).long()
+
+
+def gae_next_values_not_detached(rewards, values, next_values, terminated, boundary, gamma=1.0, lam=0.95, *,
+                                 check=True):
+    advantages, running = [], 0.0
+    for step in reversed(range(len(rewards))):
+        keep = 0.0 if terminated[step] else 1.0
+        delta = rewards[step] + gamma * next_values[step] * keep - values[step].detach()  # next_values not detached
+        running = delta + gamma * lam * (0.0 if boundary[step] else 1.0) * running
+        advantages.insert(0, running)
+    advantages = torch.stack(advantages)
+    return advantages, advantages + values.detach()
+
+
+def weights_rollout_not_detached(old_logps, rollout_logps, cap=2.0, *, check=True):
+    return (old_logps.detach() - rollout_logps).exp().clamp(max=cap)
+
+
+def clip_branch_detached(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *, check=True):
+    ratio = (logp - old_logp.detach()).exp()
+    high = epsilon if epsilon_high is None else epsilon_high
+    a = advantages.detach()
+    return torch.maximum(-ratio * a, -ratio.clamp(1 - epsilon, 1 + high).detach() * a)  # halves the gradient inside
+
+
+def clip_epsilon_high_falsy(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *,
+                            check=True):
+    ratio = (logp - old_logp.detach()).exp()
+    high = epsilon_high or epsilon  # the mistake: 0.0 reads as "unset"
+    a = advantages.detach()
+    loss = torch.where(-ratio * a >= -ratio.clamp(1 - epsilon, 1 + high) * a, -ratio * a,
+                       -ratio.clamp(1 - epsilon, 1 + high) * a)
+    return loss if dual_clip is None else torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
+
+
+def clip_ratio_of_exponentials(logp, old_logp, advantages, epsilon=0.2, epsilon_high=None, dual_clip=None, *,
+                               check=True):
+    ratio = logp.exp() / old_logp.detach().exp()  # the mistake: 0 / 0 near -800
+    high = epsilon if epsilon_high is None else epsilon_high
+    a = advantages.detach()
+    loss = torch.where(-ratio * a >= -ratio.clamp(1 - epsilon, 1 + high) * a, -ratio * a,
+                       -ratio.clamp(1 - epsilon, 1 + high) * a)
+    return loss if dual_clip is None else torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
+
+
+def cispo_kl_detached(policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
+                      reduction="sequence", max_new_tokens=None, *, kl_estimator=None, importance_weights=None,
+                      check=True):
+    kept = completion_mask.bool()
+    weight = (policy_logps - old_logps.detach()).exp().clamp(max=epsilon_high).detach()
+    delta = ref_logps.detach() - policy_logps.detach()  # the mistake: the KL term sends no gradient
+    per_token = -(weight * advantages.detach().unsqueeze(1) * policy_logps - beta * (delta.exp() - delta - 1))
+    per_token = torch.where(kept, per_token, torch.zeros_like(per_token))
+    return (per_token.sum(dim=1) / kept.sum(dim=1).clamp(min=1)).mean()
+
+
+def cispo_mask_product(policy_logps, old_logps, ref_logps, advantages, completion_mask, epsilon_high=5.0, beta=0.1,
+                       reduction="sequence", max_new_tokens=None, *, kl_estimator=None, importance_weights=None,
+                       check=True):
+    mask = completion_mask.to(policy_logps.dtype)
+    weight = (policy_logps - old_logps.detach()).exp().clamp(max=epsilon_high).detach()
+    delta = ref_logps.detach() - policy_logps
+    per_token = -(weight * advantages.detach().unsqueeze(1) * policy_logps - beta * (delta.exp() - delta - 1))
+    return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()  # inf * 0 = nan
+
+
+def k3_of_a_ratio(policy_logps, ref_logps, *, check=True):
+    ratio = ref_logps.detach().exp() / policy_logps.exp()  # the mistake: 0 / 0 near -800
+    return ratio - ratio.log() - 1
+
+
+def dpo_two_branches(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
+    x = beta * ((chosen - rejected) - (ref_chosen.detach() - ref_rejected.detach()))
+    return torch.where(x > 0, torch.log1p(torch.exp(-x)), -x + torch.log1p(torch.exp(x)))  # nan gradients far out
+
+
+def group_epsilon_ignored(rewards, epsilon=1e-8, scale="group", *, check=True):
+    rewards = rewards.detach()
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    advantages = centred if scale == "none" else centred / (rewards.std(dim=1, keepdim=True, correction=0) + 1e-8)
+    tied = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(tied, torch.zeros_like(advantages), advantages)
+
+
+def group_none_not_zeroed(rewards, epsilon=1e-8, scale="group", *, check=True):
+    rewards = rewards.detach()
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centred  # the mistake: a tied row keeps its rounding error
+    tied = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    advantages = centred / (rewards.std(dim=1, keepdim=True, correction=0) + epsilon)
+    return torch.where(tied, torch.zeros_like(advantages), advantages)
+
+
+def reduce_by_mask_product(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *, check=True):
+    mask = completion_mask.to(per_token_loss.dtype)
+    kept = per_token_loss * mask  # the mistake: inf * 0 = nan
+    if reduction == "token":
+        return kept.sum() / mask.sum().clamp(min=1)
+    if reduction == "constant":
+        return kept.sum() / (kept.shape[0] * (max_new_tokens or kept.shape[1]))
+    return (kept.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def pass_at_k_by_factorials(n, c, k):
+    def choose(a, b):
+        return math.factorial(a) / (math.factorial(b) * math.factorial(a - b)) if 0 <= b <= a else 0.0
+    return 1.0 if n - c < k else 1.0 - choose(n - c, k) / choose(n, k)
+
+
 def kl_detached(logits, reference_logits, *, check=True):  # a value without a gradient: the KL would pull nothing
     logp, logq = F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits.detach(), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1).detach()
@@ -206,6 +328,21 @@ MISTAKES = [
     ("kl_k2", k2_without_half, "the factor 1/2"),
     ("kl_k3", k3_wrong_direction, "has a mean under pi that is no KL"),
     ("categorical_kl", kl_weighted_by_reference, "weight by the POLICY"),
+    ("response_token_logps", logps_of_softmax, "never log(softmax(...))"),
+    ("completion_mask", mask_eos_on_padding, "among the real positions only"),
+    ("gae", gae_next_values_not_detached, "AND next_values"),
+    ("truncated_importance_weights", weights_rollout_not_detached, "detach both log-probs"),
+    ("clipped_policy_loss", clip_branch_detached, "splits it in half"),
+    ("clipped_policy_loss", clip_epsilon_high_falsy, "test `epsilon_high is None`"),
+    ("clipped_policy_loss", clip_ratio_of_exponentials, "one exponential of the difference"),
+    ("cispo_policy_loss", cispo_kl_detached, "do not detach the policy inside k3"),
+    ("cispo_policy_loss", cispo_mask_product, "inf * 0 = nan"),
+    ("kl_k3", k3_of_a_ratio, "compute delta = ref - policy first"),
+    ("dpo_loss", dpo_two_branches, "gradient is finite at any margin"),
+    ("group_advantages", group_epsilon_ignored, "use the epsilon given"),
+    ("group_advantages", group_none_not_zeroed, "whatever the scale"),
+    ("reduce_token_loss", reduce_by_mask_product, "inf * 0 = nan"),
+    ("pass_at_k", pass_at_k_by_factorials, "no factorials"),
     ("categorical_kl", kl_detached, "detach neither"),
     ("categorical_kl", kl_weights_detached, "detach neither"),
     ("categorical_kl", kl_log_of_softmax, "0 * -inf = nan"),
@@ -338,7 +475,7 @@ class Mistakes(unittest.TestCase):
 
     def test_a_failing_case_shows_its_input_the_expected_and_the_obtained_value(self):
         result = exercises.grade(BY_NAME["pass_at_k"], pass_at_k_with_replacement)
-        self.assertIn('case 2 of 5 "hand: n=5, c=2, k=2": input n=5, c=2, k=2; expected 0.7, got 0.64 (differs)',
+        self.assertIn('case 2 of 6 "hand: n=5, c=2, k=2": input n=5, c=2, k=2; expected 0.7, got 0.64 (differs)',
                       result.line)
 
 
@@ -426,7 +563,7 @@ class Commands(unittest.TestCase):
         self.assertEqual(len(lines), len(EXERCISES))
         self.assertEqual(lines["kl_k1"], "kl_k1: passed (3 cases)")
         self.assertEqual(lines["kl_k2"], "kl_k2: passed (3 cases)")
-        self.assertIn("kl_k3: failed case 1 of 4", lines["kl_k3"])
+        self.assertIn("kl_k3: failed case 1 of 5", lines["kl_k3"])
         self.assertIn("has a mean under pi that is no KL", lines["kl_k3"])
         self.assertEqual(lines["dpo_loss"], "dpo_loss: not started")
         self.assertEqual(lines["pass_at_k"], "pass_at_k: not started (no function of that name)")
