@@ -169,12 +169,6 @@ SAMPLE_SIZES_02 = [2**k for k in range(13)]  # 1 .. 4096 sampled (context, actio
 REPEATS_02 = 16  # independent estimates per sample size, all from the chapter's one generator
 
 
-def _reinforce_loss(advantages, logp):
-    """REINFORCE's per-sample loss -(A * logp), elementwise, A detached (Williams 1992). The lab's
-    rl_lab.py has no such atom yet, so it is written here from the formula."""
-    return -(advantages.detach() * logp)
-
-
 def _bandit_policy_gradient(logits, rewards):
     """The exact policy gradient of the bandit, dJ/dlogits (X, A), two ways: by the score-function sum
     over every (context, action) and by autograd of the exact expected reward. Contexts weigh equally."""
@@ -183,7 +177,7 @@ def _bandit_policy_gradient(logits, rewards):
         logp = torch.log_softmax(table, dim=-1)  # (X, A)
         # sum over x and a of p(x) pi(a|x) R(x,a) grad log pi(a|x): a REINFORCE loss weighted by probabilities
         weights = logp.exp().detach() / logits.shape[0]
-        (score,) = torch.autograd.grad((-_reinforce_loss(rewards, logp) * weights).sum(), table)
+        (score,) = torch.autograd.grad((-rl_lab.reinforce_loss(logp, rewards) * weights).sum(), table)
         expected = (torch.log_softmax(table, dim=-1).exp() * rewards).sum(dim=-1).mean()  # J
         (autograd,) = torch.autograd.grad(expected, table)
     return score, autograd
@@ -228,7 +222,7 @@ def chapter_02():
                 a = torch.multinomial(probs[x], 1, generator=generator).squeeze(1)  # (N, 1) -> (N,)
                 logp = torch.log_softmax(table, dim=-1)[x, a]  # (N,)
                 # minimizing the mean REINFORCE loss ascends J: its gradient is minus the estimate
-                (gradient,) = torch.autograd.grad(_reinforce_loss(rewards[x, a], logp).mean(), table)
+                (gradient,) = torch.autograd.grad(rl_lab.reinforce_loss(logp, rewards[x, a]).mean(), table)
             row.append(float((-gradient - score).norm()) / norm)
         errors.append(row)
     errors_t = torch.tensor(errors, dtype=rl_lab.DTYPE)  # (sizes, repeats)
@@ -366,7 +360,7 @@ def _policy_losses_04(logp, old_logp, advantages, mask):
     zeros = torch.zeros_like(old_logp)  # the reference: unused when beta is 0
     expanded = advantages.unsqueeze(1).expand_as(logp)  # (N,) -> (N, R)
     return {
-        "reinforce": rl_lab.reduce_token_loss(_reinforce_loss(expanded, logp), mask),
+        "reinforce": rl_lab.reduce_token_loss(rl_lab.reinforce_loss(logp, expanded), mask),
         "ppo_clip": rl_lab.reduce_token_loss(rl_lab.clipped_policy_loss(logp, old_logp, expanded), mask),
         "grpo": rl_lab.grpo_policy_loss(logp, old_logp, zeros, advantages, mask, beta=0.0),
         "cispo": rl_lab.cispo_policy_loss(logp, old_logp, zeros, advantages, mask, beta=0.0),
@@ -414,7 +408,8 @@ def chapter_04():
     corrections = {"caps": IS_CAPS_04, "tis": {"bias": [], "variance": []}, "mask": {"bias": [], "variance": []}}
     for cap in IS_CAPS_04:
         tis = rl_lab.truncated_importance_weights(p_old.log(), p_sampler.log(), cap=cap)
-        # masking (no atom in rl_lab.py): a token whose weight exceeds the cap is dropped, the others keep theirs
+        # masking (rl_lab.rollout_correction_weights' mode "mask" on a batch's tokens; here one distribution's
+        # actions): a weight over the cap is dropped, the others keep theirs
         masked_weights = torch.where(plain > cap, torch.zeros_like(plain), plain)
         for name, weights in (("tis", tis), ("mask", masked_weights)):
             mean = float((p_sampler * weights * f).sum())
