@@ -106,6 +106,13 @@ def gradient_of(index):
     return measure
 
 
+def first_row(atom, args, kwargs):
+    """measure: the first row of the atom's (first) output, to compare one row exactly."""
+    out = atom(*args, **kwargs)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    return out[0] if isinstance(out, torch.Tensor) and out.ndim >= 1 else out
+
+
 def output_requires_grad(atom, args, kwargs):
     """measure: whether any output still carries a gradient (it must not when the atom detaches)."""
     out = atom(*args, **kwargs)
@@ -268,6 +275,10 @@ REINFORCE_LOSS = Exercise(
              given(t([-1.0, -2.0, -0.5]), t([2.0, -1.0, 0.0])), t([2.0, -2.0, 0.0]),
              "the loss is -A * logp per element (the minus sign: a loss is minimized), with no mean",
              "the-derivation"),
+        Case("hand: (2, 2) in, (2, 2) out",
+             given(t([[-1.0, -2.0], [-0.5, -3.0]]), t([[2.0, -1.0], [0.0, 1.0]])), t([[2.0, -2.0], [0.0, 3.0]]),
+             "elementwise: the loss keeps the inputs' shape (no flatten, no reduction)",
+             "the-atom"),
         Case("gradient: d loss / d logp = -A",
              given(leaf([-1.0, -2.0, -0.5]), t([2.0, -1.0, 0.0])), t([-2.0, 1.0, 0.0]),
              "the gradient w.r.t. logp is -A: multiply by the advantage, do not exponentiate logp",
@@ -372,6 +383,10 @@ TRUNCATED_IMPORTANCE_WEIGHTS = Exercise(
         Case("hand: the cap is the largest weight itself",
              given(t([LN(1.5), LN(5.0)]), t([0.0, 0.0]), 4.0), t([1.5, 4.0]),
              "cap bounds the weight itself, min(w, cap): not 1 + cap, and no lower bound",
+             "the-derivation"),
+        Case("hand: log-probs near -800",
+             given(t([-800.0, -800.0]), t([-800.5, -799.0]), 2.0), t([math.exp(0.5), math.exp(-1.0)]),
+             "w = exp(old - rollout), one exponential of the difference: exp(old) / exp(rollout) is 0 / 0",
              "the-derivation"),
         Case("gradient: the weights carry none",
              given(leaf([0.0, -1.0]), leaf([0.0, 0.0])), False,
@@ -590,6 +605,11 @@ SEQUENCE_LOG_RATIO = Exercise(
              given(t([[-1.0, -2.0]]), t([[0.0, 0.0]]), torch.tensor([[0, 0]])), t([0.0]),
              "clamp the kept count to at least 1: an empty row is 0, never 0/0",
              "gspos-sequence-ratio"),
+        Case("hand: 800 kept tokens at log-ratio 1 give 1",
+             given(lambda: torch.ones(1, 800, dtype=DTYPE), lambda: torch.zeros(1, 800, dtype=DTYPE),
+                   torch.ones(1, 800, dtype=torch.long)), t([1.0]),
+             "average the log-ratios: the product of 800 ratios e^1 overflows before its log is taken",
+             "gspos-sequence-ratio"),
         Case("gradient: 1 / n on each kept token",
              given(leaf([[-1.0, -2.0, -9.0], [-0.5, 0.0, 0.0]]), t([[-2.0, -2.0, 0.0], [-2.0, 3.0, 3.0]]),
                    torch.tensor([[1, 1, 0], [1, 0, 0]])),
@@ -622,6 +642,11 @@ KL_K1 = Exercise(
              given(t([-1.0, -2.0]), t([-2.0, -1.0])), t([1.0, -1.0]),
              "k1 = log pi - log ref (policy minus reference), not the other way round",
              "estimating-the-kl-from-samples-k1-k2-k3"),
+        Case("hand: (2, 2) log-probs near -800, one 800 nats from the reference",
+             given(t([[-800.0, -1.0], [-3.0, -2.0]]), t([[-801.0, -801.0], [-2.0, -2.0]])),
+             t([[1.0, 800.0], [-1.0, 0.0]]),
+             "subtract the log-probs (log of a ratio of exponentials is nan near -800), and keep their shape",
+             "estimating-the-kl-from-samples-k1-k2-k3"),
         Case("gradient: 1 for every token",
              given(leaf([-1.0, -2.0]), t([-2.0, -1.0])), t([1.0, 1.0]),
              "k1 is linear in policy_logp: its gradient is 1",
@@ -642,6 +667,10 @@ KL_K2 = Exercise(
         Case("hand: half the square",
              given(t([-1.0, -2.0]), t([-3.0, -1.5])), t([2.0, 0.125]),
              "k2 = 0.5 * (policy - ref)**2: the factor 1/2 makes its gradient the log-ratio",
+             "estimating-the-kl-from-samples-k1-k2-k3"),
+        Case("hand: log-probs near -800, one 800 nats from the reference",
+             given(t([-800.0, -1.0]), t([-801.0, -801.0])), t([0.5, 320000.0]),
+             "half the square of the difference of the log-probs: never a log of a ratio of exponentials",
              "estimating-the-kl-from-samples-k1-k2-k3"),
         Case("gradient: the log-ratio",
              given(leaf([-1.0, -2.0]), t([-3.0, -1.5])), t([2.0, -0.5]),
@@ -733,6 +762,10 @@ CATEGORICAL_KL = Exercise(
         Case("hand: p = (1, e^-800) against the uniform is ln 2, not nan",
              given(t([[0.0, -800.0]]), t([[0.0, 0.0]])), t([LN(2.0)]),
              "log(softmax(...)) gives log 0 = -inf and 0 * -inf = nan: take log_softmax, and p = its exp",
+             "which-kl-reverse-and-forward"),
+        Case("hand: the uniform against q = (1, e^-800) is 400 - ln 2, not inf",
+             given(t([[0.0, 0.0]]), t([[0.0, -800.0]])), t([400.0 - LN(2.0)]),
+             "log_softmax for the reference too: log(softmax(...)) of a -800 logit is -inf",
              "which-kl-reverse-and-forward"),
         Case("reference: seeded random (2, 3, 4) against a Python loop",
              given(random_leaf((2, 3, 4), 22, scale=1.5), random_leaf((2, 3, 4), 23, scale=1.5)),
@@ -852,6 +885,11 @@ GROUP_ADVANTAGES = Exercise(
              "a tied group teaches nothing: set its advantages to exactly 0 (its float mean need not equal "
              "the rewards, and (R - mean) / epsilon blows the rounding error up)",
              "tied-groups", exact=True),
+        Case("invariant: a tied row of seven 0.1 gives exact zeros beside a row that varies",
+             given(t([[0.1] * 7, [1.0] + [0.0] * 6])), t([0.0] * 7),
+             "find the tied rows by comparing the rewards (not by the centred values, whose rounding need not be 0) "
+             "and zero them row by row",
+             "tied-groups", measure=first_row, exact=True),
         Case("hand: scale='none' subtracts the mean only",
              given(t([[1.0, 0.0, 0.0, 0.0]]), scale="none"), t([[0.75, -0.25, -0.25, -0.25]]),
              "scale='none' (Dr. GRPO) divides by nothing: A = R - row mean",
@@ -901,6 +939,10 @@ RLOO_ADVANTAGES = Exercise(
              given(t([[0.1, 0.1, 0.1]])), t([[0.0, 0.0, 0.0]]),
              "a tied group teaches nothing: set its advantages to exactly 0",
              "tied-groups", exact=True),
+        Case("invariant: a tied row of seven 0.1 gives exact zeros beside a row that varies",
+             given(t([[0.1] * 7, [1.0] + [0.0] * 6])), t([0.0] * 7),
+             "zero the tied rows themselves: R - mean of the others leaves a rounding error on seven 0.1",
+             "tied-groups", measure=first_row, exact=True),
         Case("gradient: the advantages carry none",
              given(leaf([[1.0, 0.0]])), False,
              "detach the rewards: advantages are constants of the batch",
@@ -967,6 +1009,10 @@ REDUCE_TOKEN_LOSS = Exercise(
         Case("hand: a masked position may hold any filler (inf here)",
              given(t([[2.0, math.inf], [2.0, 2.0]]), torch.tensor([[1, 0], [1, 1]])), t(2.0),
              "select the kept tokens (torch.where) instead of multiplying by the mask: inf * 0 = nan",
+             "three-reductions"),
+        Case("hand: 'token' over a batch with no kept token is 0",
+             given(t([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0, 0], [0, 0]]), reduction="token"), t(0.0),
+             "clamp the token count to at least 1 under 'token' too: 0 / 0 is nan",
              "three-reductions"),
         Case("gradient: 1 / (n_i * N) on each kept token ('sequence')",
              given(lambda: t(_LOSSES, requires_grad=True), torch.tensor(_KEPT)),
@@ -1075,10 +1121,13 @@ def _unusual(tensor):
 
 def _dtype_differs(obtained, expected):
     """Why `obtained`'s dtype does not do for `expected`'s, or None: a float result in the expected float
-    dtype (a float32 result cannot hold the float64 values to 1e-10); an integer or bool result where
-    integers or bools are expected (a 0/1 mask may be either)."""
+    dtype (a float32 result cannot hold the float64 values to 1e-10); a bool result where bools are expected
+    (~ of an integer mask is -1 and -2); an integer or bool result where integers are expected (a 0/1 mask
+    may be either)."""
     if expected.is_floating_point():
         fits = obtained.dtype == expected.dtype
+    elif expected.dtype == torch.bool:
+        fits = obtained.dtype == torch.bool
     else:
         fits = not (obtained.is_floating_point() or obtained.is_complex())
     return None if fits else f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(obtained.dtype)}"
@@ -1150,15 +1199,16 @@ def _tensors(args, kwargs):
 
 
 def _changed_inputs(atom, copies, args, kwargs):
-    """The names of the tensor arguments whose values differ from `copies` (taken before the call); a
-    positional one is named by the atom's own parameter name. The cases' inputs hold no NaN."""
+    """The names of the tensor arguments whose values or requires_grad differ from `copies` ((values,
+    requires_grad) taken before the call: a detach_() cuts a caller's graph); a positional one is named by
+    the atom's own parameter name. The cases' inputs hold no NaN."""
     try:
         names = list(inspect.signature(atom).parameters)
     except (TypeError, ValueError):  # a callable without a signature
         names = []
     changed = []
-    for (key, value), copy in zip(_tensors(args, kwargs), copies):
-        if value.shape != copy.shape or not torch.equal(value.detach(), copy):
+    for (key, value), (copy, requires_grad) in zip(_tensors(args, kwargs), copies):
+        if value.shape != copy.shape or not torch.equal(value.detach(), copy) or value.requires_grad != requires_grad:
             changed.append(key if isinstance(key, str) else names[key] if key < len(names) else f"argument {key + 1}")
     return changed
 
@@ -1167,7 +1217,7 @@ def obtained_value(case, atom):
     """(what `atom` gives on the case, [the inputs it changed in place]); exceptions propagate: the caller
     reports them."""
     args, kwargs = case.inputs()
-    copies = [value.detach().clone() for _, value in _tensors(args, kwargs)]
+    copies = [(value.detach().clone(), value.requires_grad) for _, value in _tensors(args, kwargs)]
     obtained = atom(*args, **kwargs) if case.measure is None else case.measure(atom, args, kwargs)
     return obtained, _changed_inputs(atom, copies, args, kwargs)
 

@@ -485,6 +485,24 @@ class Grade:
     line: str
 
 
+def changed_default(solution, function):
+    """None when every default value of the lab's atom (a number, string, bool or None; not a function) is
+    the learner's too, else which one differs: a case passes its keywords, a run relies on the defaults."""
+    try:
+        theirs = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a signature: the cases will say what fails
+        return None
+    for name, parameter in inspect.signature(solution).parameters.items():
+        default = parameter.default
+        if default is inspect.Parameter.empty or callable(default) or name not in theirs:
+            continue
+        mine = theirs[name].default
+        if mine is inspect.Parameter.empty or isinstance(mine, bool) != isinstance(default, bool) or mine != default:
+            shown = "none" if mine is inspect.Parameter.empty else repr(mine)
+            return f"the default of {name} is {shown}, the lab's is {default!r}"
+    return None
+
+
 def grade(exercise, function, path=None):
     """Run `exercise`'s cases on `function` in order; stop at the first failing one. path: the learner's
     file, to locate an exception raised inside it. Each case runs under learner_code: a case that changes
@@ -494,6 +512,11 @@ def grade(exercise, function, path=None):
     if not callable(function):
         return Grade(exercise.name, "failed", f"{exercise.name}: failed: {exercise.name} = {short(function)} is not "
                                               "a function")
+    changed = changed_default(exercise.solution, function)
+    if changed is not None:
+        return Grade(exercise.name, "failed", f"{exercise.name}: failed: {changed}; keep the stub's signature (the "
+                                              f"lab's runs call the atom with its defaults) (see docs/learn/"
+                                              f"{exercise.chapter}.md#exercises)")
     for number, case in enumerate(exercise.cases, start=1):
         where = f'case {number} of {len(exercise.cases)} "{case.name}"'
         hint = f"hint: {case.hint} (see {exercise.pointer(case)})"

@@ -138,7 +138,7 @@ def mask_eos_on_padding(completion_ids, eos_token_id, pad_mask=None, *, check=Tr
     return (before & real).long()
 
 
-def gae_next_values_not_detached(rewards, values, next_values, terminated, boundary, gamma=1.0, lam=0.95, *,
+def gae_next_values_not_detached(rewards, values, next_values, terminated, boundary, gamma=0.99, lam=0.95, *,
                                  check=True):
     advantages, running = [], 0.0
     for step in reversed(range(len(rewards))):
@@ -246,6 +246,42 @@ def pass_at_k_by_factorials(n, c, k):
     return 1.0 if n - c < k else 1.0 - choose(n - c, k) / choose(n, k)
 
 
+def logps_with_an_integer_mask(logits, input_ids, response_mask, *, check=True):
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    valid = response_mask[:, 1:].long()  # the mistake: ~valid of an integer mask is -1 and -2
+    token = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.where(valid.bool(), token, torch.zeros_like(token)), valid
+
+
+def reinforce_detaching_in_place(logp, advantages, *, check=True):
+    return -advantages.detach_() * logp  # right values, but the caller's advantages lose their graph
+
+
+def reinforce_flattened(logp, advantages, *, check=True):
+    return (-advantages.detach() * logp).flatten()
+
+
+def k1_of_a_ratio(policy_logps, ref_logps, *, check=True):
+    return torch.log(policy_logps.exp() / ref_logps.detach().exp())
+
+
+def rloo_without_tie_mask(rewards, *, check=True):
+    rewards = rewards.detach()
+    count = rewards.shape[1]
+    return (count * rewards - rewards.sum(dim=1, keepdim=True)) / (count - 1)
+
+
+def reduce_token_without_clamp(per_token_loss, completion_mask, reduction="sequence", max_new_tokens=None, *,
+                               check=True):
+    kept = torch.where(completion_mask.bool(), per_token_loss, torch.zeros_like(per_token_loss))
+    mask = completion_mask.to(per_token_loss.dtype)
+    if reduction == "token":
+        return kept.sum() / mask.sum()  # the mistake: 0 / 0 on an empty batch
+    if reduction == "constant":
+        return kept.sum() / (kept.shape[0] * (max_new_tokens or kept.shape[1]))
+    return (kept.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
 def kl_detached(logits, reference_logits, *, check=True):  # a value without a gradient: the KL would pull nothing
     logp, logq = F.log_softmax(logits, dim=-1), F.log_softmax(reference_logits.detach(), dim=-1)
     return (logp.exp() * (logp - logq)).sum(dim=-1).detach()
@@ -268,6 +304,11 @@ def dpo_rejected_detached(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, 
 
 def dpo_ref_rejected_not_detached(chosen, rejected, ref_chosen, ref_rejected, beta=0.5, *, check=True):
     margin = (chosen - rejected) - (ref_chosen.detach() - ref_rejected)
+    return -F.logsigmoid(beta * margin)
+
+
+def dpo_default_beta_changed(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, *, check=True):
+    margin = (chosen - rejected) - (ref_chosen.detach() - ref_rejected.detach())  # right, but beta's default moved
     return -F.logsigmoid(beta * margin)
 
 
@@ -329,6 +370,12 @@ MISTAKES = [
     ("kl_k3", k3_wrong_direction, "has a mean under pi that is no KL"),
     ("categorical_kl", kl_weighted_by_reference, "weight by the POLICY"),
     ("response_token_logps", logps_of_softmax, "never log(softmax(...))"),
+    ("response_token_logps", logps_with_an_integer_mask, "expected dtype bool, got int64"),
+    ("reinforce_loss", reinforce_detaching_in_place, "it changed advantages in place"),
+    ("reinforce_loss", reinforce_flattened, "keeps the inputs' shape"),
+    ("kl_k1", k1_of_a_ratio, "subtract the log-probs"),
+    ("rloo_advantages", rloo_without_tie_mask, "zero the tied rows themselves"),
+    ("reduce_token_loss", reduce_token_without_clamp, "under 'token' too"),
     ("completion_mask", mask_eos_on_padding, "among the real positions only"),
     ("gae", gae_next_values_not_detached, "AND next_values"),
     ("truncated_importance_weights", weights_rollout_not_detached, "detach both log-probs"),
@@ -348,6 +395,7 @@ MISTAKES = [
     ("categorical_kl", kl_log_of_softmax, "0 * -inf = nan"),
     ("dpo_loss", dpo_log_of_sigmoid, "use F.logsigmoid"),
     ("dpo_loss", dpo_rejected_detached, "flows into rejected too"),
+    ("dpo_loss", dpo_default_beta_changed, "the default of beta is 0.1, the lab's is 0.5"),
     ("dpo_loss", dpo_ref_rejected_not_detached, "ref_rejected as ref_chosen"),
     ("group_advantages", group_sample_std, "POPULATION std"),
     ("group_advantages", group_no_exact_zeros, "exactly 0"),
@@ -418,7 +466,9 @@ class Cases(unittest.TestCase):
 
     def test_compare_checks_dtype_shape_values_and_exactness(self):
         compare = exercise_cases.compare
-        self.assertIsNone(compare(torch.tensor([1, 0]), torch.tensor([True, False])))  # a 0/1 mask: ints or bools
+        self.assertIsNone(compare(torch.tensor([True, False]), torch.tensor([1, 0])))  # a 0/1 mask: ints or bools
+        self.assertEqual(compare(torch.tensor([1, 0]), torch.tensor([True, False])),  # a bool mask: ~ must work
+                         "expected dtype bool, got int64")
         self.assertEqual(compare(torch.tensor([1, 0]), torch.tensor([1.0, 0.0], dtype=torch.float64)),
                          "expected dtype float64, got int64")
         self.assertEqual(compare(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0], dtype=torch.float64)),
@@ -561,8 +611,8 @@ class Commands(unittest.TestCase):
         self.assertEqual((code, stderr), (1, ""))
         lines = {line.split(":")[0]: line for line in stdout.splitlines()[:-1]}
         self.assertEqual(len(lines), len(EXERCISES))
-        self.assertEqual(lines["kl_k1"], "kl_k1: passed (3 cases)")
-        self.assertEqual(lines["kl_k2"], "kl_k2: passed (3 cases)")
+        self.assertEqual(lines["kl_k1"], "kl_k1: passed (4 cases)")
+        self.assertEqual(lines["kl_k2"], "kl_k2: passed (4 cases)")
         self.assertIn("kl_k3: failed case 1 of 5", lines["kl_k3"])
         self.assertIn("has a mean under pi that is no KL", lines["kl_k3"])
         self.assertEqual(lines["dpo_loss"], "dpo_loss: not started")
@@ -574,7 +624,7 @@ class Commands(unittest.TestCase):
         self.assertEqual(stdout.splitlines()[-1], f"2 passed, 2 failed, {len(EXERCISES) - 4} not started of "
                                                   f"{len(EXERCISES)} exercises")
         code, stdout, _ = run_main(exercises.main, ["check", "--file", path, "--atom", "kl_k1"])
-        self.assertEqual((code, stdout), (0, "kl_k1: passed (3 cases)\n"))
+        self.assertEqual((code, stdout), (0, "kl_k1: passed (4 cases)\n"))
 
     def test_an_unknown_atom_or_a_flag_of_another_command_exits_2_naming_it(self):
         path = self.write("partly.py", PARTLY_SOLVED)
@@ -741,7 +791,7 @@ class LearnerFaults(unittest.TestCase):
         latin = self.write("latin.py", "# -*- coding: latin-1 -*-\nWORD = 'café'\n" + k1_file(""), "latin-1")
         self.assertEqual(exercises.load_learner(latin).WORD, "café")
         self.assertEqual(run_main(exercises.main, ["check", "--file", latin, "--atom", "kl_k1"])[:2],
-                         (0, "kl_k1: passed (3 cases)\n"))
+                         (0, "kl_k1: passed (4 cases)\n"))
         self.assertEqual(exercises.load_learner(self.write("bom.py", b"\xef\xbb\xbfWORD = 1\n")).WORD, 1)
         not_utf8 = self.write("not-utf8.py", "WORD = 'café'\n", "latin-1")
         self.one_line_error(["check", "--file", not_utf8], 1, f"{not_utf8} line 1: SyntaxError", "utf-8")
@@ -776,7 +826,7 @@ class LearnerFaults(unittest.TestCase):
                 self.assertEqual((code, stderr), (1, ""))
                 lines = stdout.splitlines()
                 self.assertEqual(len(lines), len(EXERCISES) + 1)
-                self.assertIn(f'kl_k1: failed case 1 of 3 "hand: policy minus reference": input policy_logps=[-1.0, '
+                self.assertIn(f'kl_k1: failed case 1 of 4 "hand: policy minus reference": input policy_logps=[-1.0, '
                               f'-2.0], ref_logps=[-2.0, -1.0]; {shown} at {path}:8;', stdout)
                 self.assertEqual(lines[-1], f"{len(EXERCISES) - 1} passed, 1 failed, 0 not started of "
                                             f"{len(EXERCISES)} exercises")
@@ -800,9 +850,9 @@ class LearnerFaults(unittest.TestCase):
         code, stdout, _ = run_main(exercises.main, ["check", "--file", path])
         lines = stdout.splitlines()
         self.assertEqual(code, 0)
-        at = lines.index("kl_k1: passed (3 cases)")
-        self.assertEqual(lines[at - 6:at], ["debug " * 20, "x" * 10_000] * 3)  # three cases, each printing twice
-        self.assertEqual(lines[at - 7], "sequence_log_ratio: not started (no function of that name)")
+        at = lines.index("kl_k1: passed (4 cases)")
+        self.assertEqual(lines[at - 8:at], ["debug " * 20, "x" * 10_000] * 4)  # four cases, each printing twice
+        self.assertEqual(lines[at - 9], "sequence_log_ratio: not started (no function of that name)")
 
     def test_a_wrong_return_value_fails_with_what_was_expected(self):
         for body, reason in (
@@ -831,7 +881,7 @@ class LearnerFaults(unittest.TestCase):
         result = exercises.grade(BY_NAME["truncated_importance_weights"],
                                  lambda old_logps, rollout_logps, cap=2.0, **_: (old_logps - rollout_logps).exp()
                                  .clamp(max=cap))  # not detached: the output requires grad
-        self.assertIn('case 3 of 4 "gradient: the weights carry none"', result.line)
+        self.assertIn('case 4 of 5 "gradient: the weights carry none"', result.line)
         self.assertIn("expected False, got True (differs)", result.line)
 
     def test_a_wrong_signature_or_a_non_function_fails_and_extra_functions_and_classes_are_ignored(self):
@@ -896,7 +946,7 @@ class LearnerFaults(unittest.TestCase):
                 result = self.grade_k1(body)
                 self.assertEqual(process_state(), self.before)
                 self.assertIs(sys.stdout, stdout)
-                self.assertIn(f"kl_k1: failed case 1 of 3 \"hand: policy minus reference\": input policy_logps=[-1.0, "
+                self.assertIn(f"kl_k1: failed case 1 of 4 \"hand: policy minus reference\": input policy_logps=[-1.0, "
                               f"-2.0], ref_logps=[-2.0, -1.0]; it changed {named}", result.line)
                 self.assertIn("which the lab put back", result.line)
 
