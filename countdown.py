@@ -10,8 +10,8 @@ parameters learns it on one CPU core in under a minute. A prompt gives distinct 
 order and a target; a response is an expression over some of them (at least two, each at most once)
 joined by the allowed operators, then EOS:
 
-    prompt   BOS 3 5 7 9 : 1 2 =        (numbers 3 5 7 9, target 12)
-    correct  5+7 EOS,  7+5 EOS,  3+9 EOS,  9+3 EOS,  5-3+9+..., ...
+    prompt   BOS 2 3 5 7 : 1 0 =        (numbers 2 3 5 7, target 10)
+    correct  3+7 EOS,  7+3 EOS,  2+3+5 EOS,  5+7-2 EOS,  7-2+5 EOS, ...  (12 with + and -)
 
 Why this task (the effects of LLM-RL must be able to appear on it): a prompt has several
 correct responses (so pass@k exceeds pass@1 and a policy can lose diversity while its pass@1 rises);

@@ -6,15 +6,21 @@ prompts and a sampler in another precision fits behind the same ones):
     sample(prompts, generator, temperature=None, top_p=None) -> Samples
         responses to prompts (N,) (global prompt indices of the task), drawn token by token without
         gradient, and the log-prob the sampler gave each sampled token
-    logits(prompts, completion_ids) -> (N, R, V)
+    logits(prompts, completion_ids, positions=None) -> (N, R, V)
         the trainer's tempered next-token logits at every completion position (teacher forcing), with
-        gradient: the log-probs, ratios and entropies of the loop all come from these
+        gradient: the log-probs, ratios and entropies of the loop all come from these (the exact
+        evaluation asks for positions="mask", the sampler's numbering)
     parameters(), snapshot()
         the trainable tensors; a frozen copy (the old policy before each batch, the reference)
     critic(cap_value) -> a value function with parameters() and values(prompts, completion_ids)
         what PPO trains beside the policy
-    response_kl(reference) -> float
+    exact, description
+        whether the policy is evaluated exactly (a table: response_kl below) or on a fixed draw of prompts
+        (a transformer: sample_evaluation below); one line for the run's settings
+    response_kl(reference) -> float   (exact policies only)
         KL(policy || reference) over whole responses, in nats, averaged over the task's prompts
+    sample_evaluation(split, samples, generator) -> dict   (the others)
+        sampled pass@k and its companions on a split's prompts (sft.sample_evaluation)
 
 Shape notation: N responses, R completion positions (max_new_tokens), V vocabulary, P prompts of the
 task, S = V + 1 previous-token states (the vocabulary and the start).
