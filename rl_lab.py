@@ -1437,8 +1437,8 @@ def cispo_policy_loss(
     The paper's form is token-level (one mean over all the batch's tokens, DAPO's normalization) with
     no KL term; the per-sequence mean and the KL term (the defaults reduction="sequence", beta=0.1)
     are the lesson's. With reduction="token" and beta=0 the gradient is the paper's. The paper clips
-    the weight to [1 - eps_low, 1 + eps_high]; the absolute cap (default 5.0) is ScaleRL's (Khatri et
-    al., arXiv 2510.13786), as in TRL.
+    the weight to [1 - eps_low, 1 + eps_high] with eps_low set large (in effect an upper cap relative to
+    1); the absolute cap (default 5.0) is ScaleRL's (Khatri et al., arXiv 2510.13786), as in TRL.
 
     Args:
         as `grpo_policy_loss`; epsilon_high > 0 is an ABSOLUTE cap on the ratio (not 1 + eps).
