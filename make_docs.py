@@ -24,8 +24,9 @@ docs/templates/NAME.md; docs/algorithms/NAME.md for each docs/templates/algorith
 sections fill the one skeleton docs/templates/_algorithm.md; docs/learn/NAME.md (the course) for each
 docs/templates/learn/NAME.md, with the chapter reports of results-course/ as `course["NN-name"]`;
 docs/atlas/NAME.md for each folder of results-experiments/, from docs/templates/_experiment.md. docs/
-holds only rendered pages: a page is added as a template, and a rendered page whose template or folder
-is gone is removed by the next write.
+holds only rendered pages: a page is added as a template. A .md file under docs/ that no template renders
+(a page whose template or folder is gone, or a file of the user's) is never deleted: a write names it, and
+--check fails on it until it is removed by hand.
 """
 
 from __future__ import annotations
@@ -1018,10 +1019,11 @@ def _regular(path):
 
 
 def write_pages(pages, root=HERE):
-    """Write every page that changed (all or nothing) and remove the pages no longer rendered; return
-    (written, removed) lists of relative paths. A page that is a link, a folder or a device (rendered or
-    not) is never replaced nor removed: RenderError naming it, and nothing is written."""
-    for path in list(pages) + committed_pages(root):
+    """Write every page that changed (all or nothing); return (written, unrendered) lists of relative
+    paths: unrendered are the .md files under docs/ that no template renders (a page whose experiment
+    is gone, or a file of the user's), which are left as they are: nothing is ever deleted. A page whose
+    place is a link, a folder or a device is never replaced: RenderError naming it, and nothing is written."""
+    for path in pages:
         target = os.path.join(root, path)
         if os.path.lexists(target) and not _regular(target):
             raise RenderError(f"{path} is not a regular file (a link, folder or device): it is never replaced "
@@ -1029,10 +1031,8 @@ def write_pages(pages, root=HERE):
     changed = {os.path.join(root, path): text for path, text in pages.items()
                if not os.path.isfile(os.path.join(root, path)) or read_text(root, path) != text}
     write_files(changed)
-    removed = [path for path in committed_pages(root) if path not in pages]
-    for path in removed:
-        os.remove(os.path.join(root, path))
-    return sorted(os.path.relpath(path, root) for path in changed), removed
+    unrendered = [path for path in committed_pages(root) if path not in pages]
+    return sorted(os.path.relpath(path, root) for path in changed), unrendered
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1069,15 +1069,16 @@ def main(argv=None, root=HERE):
         print(f"make_docs.py: all {len(pages)} pages are what the templates and committed results render")
         return 0
     try:
-        written, removed = write_pages(pages, root)
+        written, unrendered = write_pages(pages, root)
     except RenderError as error:
         print(f"make_docs.py: error: {error}", file=sys.stderr)
         return 1
     for path in written:
         print(f"wrote {path}")
-    for path in removed:
-        print(f"removed {path} (no longer rendered)")
-    print(f"{len(pages)} pages, {len(written)} rewritten, {len(removed)} removed")
+    for path in unrendered:
+        print(f"kept {path}: no template renders it (if it was one of the guide's pages, remove it yourself)")
+    print(f"{len(pages)} pages, {len(written)} rewritten" + (f", {len(unrendered)} kept unrendered" if unrendered
+                                                              else ""))
     return 0
 
 

@@ -216,6 +216,19 @@ class CommittedPages(unittest.TestCase):
             self.assertTrue(os.path.isdir(os.path.join(root, "docs", "chain.md")))
             self.assertTrue(os.path.islink(os.path.join(root, "docs", "extra.md")))
 
+    def test_a_file_of_the_users_under_docs_is_kept_and_named(self):
+        with copy_of_the_lab() as root:
+            notes = os.path.join(root, "docs", "my-notes.md")
+            with open(notes, "w", encoding="utf-8") as handle:
+                handle.write("my notes\n")
+            with rendered_for_an_unchanged_copy():
+                code, stdout, stderr = run_main(lambda argv: make_docs.main(argv, root=root), [])
+            self.assertEqual((code, stderr), (0, ""))
+            self.assertIn("kept docs/my-notes.md: no template renders it", stdout)
+            self.assertTrue(stdout.rstrip().endswith("0 rewritten, 1 kept unrendered"), stdout)
+            with open(notes, encoding="utf-8") as handle:
+                self.assertEqual(handle.read(), "my notes\n")
+
     def test_a_template_error_names_the_template_line_and_placeholder(self):
         with self.assertRaisesRegex(make_docs.RenderError, r"^t\.md line 2: \{\{nothing\.here:\.4f\}\}: NameError"):
             make_docs.render("fine\n{{nothing.here:.4f}}", {}, "t.md")
