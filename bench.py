@@ -57,6 +57,13 @@ def parse(argv=None):
     """The flags, with the output file checked before any timing (a bad one exits 2 with one line)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.tests and args.part != "suite":
+        parser.error(f"argument --tests: only with --part suite, got --part {args.part}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in args.tests:
+        if not (name.isidentifier() and name.startswith("test_") and os.path.isfile(os.path.join(here, name + ".py"))):
+            parser.error(f"argument --tests: {name!r} is not one of the lab's test modules (test_<name>, a "
+                         "test_<name>.py beside bench.py)")
     if args.output is not None:
         output_file_or_exit(parser, args.output)
     return args

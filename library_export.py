@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shlex
 import textwrap
 
 from library_map import library_blocks
@@ -578,8 +580,11 @@ def _shown(value):
 
 
 def _override(key, value):
+    """key=value as one word of the shell: quoted unless it is made of characters the shell leaves alone
+    (a Hydra list would be a glob pattern; a --model or --export-data-dir of the user's may hold a space,
+    a ';' or a quote). $ stays unquoted: the default data folder is $PWD/data."""
     text = f"{key}={_shown(value)}"
-    return f"'{text}'" if "[" in text else text  # a Hydra list would be a glob pattern to the shell
+    return text if re.fullmatch(r"[\w.,:/@%+=$-]+", text) else shlex.quote(text)
 
 
 def _real_model(settings, options):

@@ -184,6 +184,10 @@ def parse(argv=None):
         data_settings_or_exit(parser, args)
         return args
     algorithm, options = options_from(parser, args)
+    for flag, value in (("--model", args.model), ("--export-data-dir", args.export_data_dir)):
+        if value is not None and (not value.strip() or any(ord(character) < 32 for character in value)):
+            parser.error(f"argument {flag}: expected a name or path, non-empty and without control characters (a "
+                         f"newline would end the script's comment), got {value!r}")
     if args.export is not None:
         if args.output is not None:  # an export trains nothing, so it would write nothing there
             parser.error("argument --output: not with --export, which writes only its FILE and trains nothing")

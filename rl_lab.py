@@ -87,6 +87,11 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     if args.preference_flips and args.algorithm not in ("dpo", "all"):
         parser.error(f"argument --preference-flips: only applies to --algorithm dpo (or all), got {args.algorithm}")
+    if args.algorithm in ("ppo", "dpo"):  # the group flags would change nothing: say so, as for the others
+        for flag in ("--group-size", "--grpo-prompts"):
+            dest = flag[2:].replace("-", "_")
+            if getattr(args, dest) != parser.get_default(dest):
+                parser.error(f"argument {flag}: only applies to --algorithm grpo, cispo (or all), got {args.algorithm}")
     if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
         parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
                      f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")

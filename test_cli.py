@@ -64,6 +64,8 @@ PROGRAMS = {
         ("--seed", ["--seed", str(2**63)]), ("--grpo-prompts", ["--grpo-prompts", "0"]),
         ("--algorithm", ["--algorithm", "sac"]), ("--json", ["--algorithm", "ppo", "--json"]),
         ("--output", ["--algorithm", "atoms"]),  # the atoms write nothing (the test adds an --output)
+        ("--group-size", ["--algorithm", "dpo", "--group-size", "4"]), ("--grpo-prompts", ["--algorithm", "ppo",
+                                                                                          "--grpo-prompts", "3"]),
         ("--steps", ["--algorithm", "atoms", "--steps", "3"]), ("--sparse-rewards", ["--algorithm", "atoms",
                                                                                       "--sparse-rewards"]),
         ("--group-size", ["--grpo-prompts", "4096", "--group-size", "4096"]),  # 16.7M actions per iteration
@@ -167,6 +169,8 @@ PROGRAMS = {
     "bench.py": Program(bench.main, bench.build_parser, None, "none", [
         ("--runs", ["--runs", "0"]), ("--part", ["--part", "everything"]),
         ("--output", ["--part", "transformer", "--output", os.curdir]),  # a folder: refused before any timing
+        ("--tests", ["--part", "suite", "--tests", "nonexistent_mod"]), ("--tests", ["--tests", "test_results"]),
+        ("--tests", ["--part", "suite", "--tests", "rl_lab"]),
     ], writes=False),
     "library_map.py": Program(library_map.main, library_map.build_parser, None, "none", [("--x", ["--x"])],
                               writes=False),

@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import shlex
 import tempfile
 import unittest
 
@@ -456,6 +457,27 @@ class OnlineCLI(unittest.TestCase):
                 self.assertEqual(len(stderr.splitlines()), 1)
         self.assertIn("DPO trainer", stderr)
         self.assertEqual(os.listdir(self.tmp.name), ["run.sh"])  # a refused export writes nothing
+        for argv, flag in ((["--export", "verl", command + "5", "--model", ""], "--model"),
+                           (["--export", "verl", command + "6", "--export-data-dir", "a\nrm -rf ~"], "--export-data-dir")):
+            with self.subTest(argv=argv):  # an empty name, or a newline that would end the script's comment
+                code, stdout, stderr = run_main(online_tokens.main, argv)
+                self.assertEqual((code, stdout), (2, ""))
+                self.assertTrue(stderr.startswith(f"online_tokens.py: error: argument {flag}: expected a name"))
+        self.assertEqual(os.listdir(self.tmp.name), ["run.sh"])
+
+    def test_export_verl_quotes_a_model_and_a_folder_the_shell_would_split_or_run(self):
+        command = os.path.join(self.tmp.name, "run.sh")
+        argv = ["--export", "verl", command, "--model", "x; touch pwned", "--export-data-dir", "/tmp/my data"]
+        self.assertEqual(run_main(online_tokens.main, argv)[0], 0)
+        with open(command, encoding="utf-8") as handle:
+            words = shlex.split(handle.read(), comments=True)  # as the shell reads it: one word an override
+        self.assertIn("actor_rollout_ref.model.path=x; touch pwned", words)
+        self.assertIn("data.train_files=/tmp/my data/train.parquet", words)
+        self.assertIn('trainer.logger=["console"]', words)
+        self.assertNotIn("touch", words)
+        self.assertEqual(run_main(online_tokens.main, ["--export", "verl", command + "2"])[0], 0)
+        with open(command + "2", encoding="utf-8") as handle:  # the default folder stays $PWD/data, expanded
+            self.assertIn("    data.train_files=$PWD/data/train.parquet \\\n", handle.read())
 
     def test_all_writes_four_folders_and_a_comparison_byte_identically(self):
         out = os.path.join(self.tmp.name, "four")
