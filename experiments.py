@@ -123,6 +123,8 @@ def parse(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
+        if args.names:  # --list prints every experiment and runs none: a name would be lost
+            parser.error(f"argument --list: lists every experiment and runs none, not with names ({args.names[0]})")
         return parser, args, []
     if not args.names:
         parser.error("argument NAME: name one or more experiments, or 'all' (see --list)")

@@ -158,6 +158,7 @@ PROGRAMS = {
         ("--seeds", ["all", "--seeds", "x"]), ("--seed-start", ["all", "--seed-start", "-1"]),
         ("--seed-start", ["all", "--seed-start", "1.5"]), ("--seed-start", ["all", "--seed-start", str(2**63)]),
         ("--timings", ["all", "--timings", os.curdir]),  # a folder: refused before any run
+        ("--list", ["--list", "kl-estimators"]),  # --list runs nothing: the name would be lost
     ]),
     "plot_results.py": Program(plot_results.main, plot_results.build_parser,
                                ["--input", PLOT_INPUT, "--output", "{out}"], "file", [
