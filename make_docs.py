@@ -466,7 +466,7 @@ def atom(root, name, filename="rl_lab.py"):
 
 
 def atom_families(root):
-    """[(family, [(name, first line of its docstring)])] of rl_lab.py's atoms: the public functions between
+    """[(family, [(name, first paragraph of its docstring)])] of rl_lab.py's atoms: the public functions between
     its "Atoms" and "bandit" headers, grouped by the "# --- family ---" comments."""
     with open(os.path.join(root, "rl_lab.py"), encoding="utf-8") as handle:
         lines = handle.read().splitlines()
@@ -493,7 +493,7 @@ def atoms_index(root):
     lines = []
     for family, names in atom_families(root):
         lines += ["", f"### {family[0].upper() + family[1:]}", "",
-                  "| atom | what it computes (first line of its docstring) |", "|---|---|"]
+                  "| atom | what it computes (first paragraph of its docstring) |", "|---|---|"]
         lines += [f"| `{name}` | {prose(summary)} |" for name, summary in names]
     return "\n".join(lines).strip()
 
