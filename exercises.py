@@ -497,8 +497,13 @@ def changed_default(solution, function):
         if default is inspect.Parameter.empty or callable(default) or name not in theirs:
             continue
         mine = theirs[name].default
-        if mine is inspect.Parameter.empty or isinstance(mine, bool) != isinstance(default, bool) or mine != default:
-            shown = "none" if mine is inspect.Parameter.empty else repr(mine)
+        try:  # a learner's default may be anything, a tensor among them: never a crash here
+            same = type(mine) in (int, float, str, bool, type(None)) and isinstance(mine, bool) == isinstance(
+                default, bool) and bool(mine == default)
+        except Exception:
+            same = False
+        if not same:
+            shown = "none" if mine is inspect.Parameter.empty else short(mine)
             return f"the default of {name} is {shown}, the lab's is {default!r}"
     return None
 
