@@ -464,6 +464,18 @@ class Cases(unittest.TestCase):
         self.assertEqual(chapters, sorted(chapters))
         self.assertEqual(len({exercise.name for exercise in EXERCISES}), len(EXERCISES))
 
+    def test_a_changed_default_fails_by_name_and_an_odd_one_never_crashes(self):
+        def tensor_beta(chosen, rejected, ref_chosen, ref_rejected, beta=torch.tensor([0.5, 0.5]), *, check=True):
+            return rl_lab.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, 0.5)
+
+        def int_cap(old_logps, rollout_logps, cap=2, *, check=True):  # 2 == 2.0: the same default
+            return rl_lab.truncated_importance_weights(old_logps, rollout_logps, cap)
+
+        result = exercises.grade(BY_NAME["dpo_loss"], tensor_beta)
+        self.assertEqual(result.status, "failed")
+        self.assertIn("the default of beta is [0.5, 0.5], the lab's is 0.5", result.line)
+        self.assertEqual(exercises.grade(BY_NAME["truncated_importance_weights"], int_cap).status, "passed")
+
     def test_compare_checks_dtype_shape_values_and_exactness(self):
         compare = exercise_cases.compare
         self.assertIsNone(compare(torch.tensor([True, False]), torch.tensor([1, 0])))  # a 0/1 mask: ints or bools
