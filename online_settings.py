@@ -366,6 +366,9 @@ def check_combinations(values, options):
     if "cov_low" in options or "cov_high" in options:
         if values["cov_low"] >= values["cov_high"]:
             raise _error("cov_high", f"expected more than --cov-low ({values['cov_low']}), got {values['cov_high']}")
+    for name in ("kl_estimator", "kl_in"):
+        if name in options and values["beta"] == 0:  # no KL term: the estimator and its place change nothing
+            raise _error(name, "changes nothing at --beta 0 (no KL term): give a beta above 0, or leave it out")
     if values["kl_estimator"] in GRADIENT_ONLY_KL and values["kl_in"] == "reward":
         raise _error("kl_estimator", f"{values['kl_estimator']} differs from k3 (k1) only in its gradient, and a KL "
                                      "in the reward (--kl-in reward) is not differentiated: take k3 or k1")

@@ -95,6 +95,8 @@ PROGRAMS = {
         ("--dual-clip", ["--dual-clip", "1"]),  # c must exceed 1
         ("--dual-clip", ["--algorithm", "cispo", "--dual-clip", "3"]),  # does not apply to cispo
         ("--gae-lambda", ["--gae-lambda", "0.5"]),  # a PPO flag with the default grpo
+        ("--kl-estimator", ["--beta", "0", "--kl-estimator", "k2"]),  # no KL term: the estimator changes nothing
+        ("--kl-in", ["--beta", "0", "--kl-in", "reward"]),
         ("--dpo-loss", ["--algorithm", "dpo", "--dpo-loss", "kto"]),
         ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.5"]),
         ("--label-smoothing", ["--algorithm", "dpo", "--label-smoothing", "0.2"]),  # sigmoid ignores it
