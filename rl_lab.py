@@ -81,29 +81,31 @@ def build_parser():
     return parser
 
 
+def _first_given(parser, args, flags):
+    """The first of `flags` whose value is not its default (given on the command line), or None."""
+    return next((flag for flag in flags
+                 if getattr(args, flag[2:].replace("-", "_")) != parser.get_default(flag[2:].replace("-", "_"))), None)
+
+
 def parse(argv=None):
     """The flags, with every check main() makes on them before any work (a bad one exits 2 with one line)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.preference_flips and args.algorithm not in ("dpo", "all"):
         parser.error(f"argument --preference-flips: only applies to --algorithm dpo (or all), got {args.algorithm}")
-    if args.algorithm in ("ppo", "dpo"):  # the group flags would change nothing: say so, as for the others
-        for flag in ("--group-size", "--grpo-prompts"):
-            dest = flag[2:].replace("-", "_")
-            if getattr(args, dest) != parser.get_default(dest):
-                parser.error(f"argument {flag}: only applies to --algorithm grpo, cispo (or all), got {args.algorithm}")
+    group_flag = _first_given(parser, args, ("--group-size", "--grpo-prompts"))
+    if args.algorithm in ("ppo", "dpo") and group_flag:  # it would change nothing: say so, as for the others
+        parser.error(f"argument {group_flag}: only applies to --algorithm grpo, cispo (or all), got {args.algorithm}")
     if args.algorithm in ("grpo", "cispo", "all") and args.group_size * args.grpo_prompts > MAX_GROUP_ACTIONS:
         parser.error(f"argument --group-size: --grpo-prompts x --group-size = {args.grpo_prompts * args.group_size} "
                      f"actions per iteration, more than {MAX_GROUP_ACTIONS} (about 0.3 GB); lower one of them")
     if args.json and args.algorithm != "atoms":
         parser.error(f"argument --json: only applies to --algorithm atoms, got {args.algorithm}")
-    if args.algorithm == "atoms":  # the atoms train nothing and write nothing: a training flag would be lost
-        for flag in ("--steps", "--seed", "--group-size", "--grpo-prompts", "--reward-shift", "--sparse-rewards",
-                     "--output"):
-            dest = flag[2:].replace("-", "_")
-            if getattr(args, dest) != parser.get_default(dest):
-                parser.error(f"argument {flag}: only applies to training, not to --algorithm atoms (which prints "
-                             f"and writes nothing)")
+    training_flag = _first_given(parser, args, ("--steps", "--seed", "--group-size", "--grpo-prompts",
+                                                "--reward-shift", "--sparse-rewards", "--output"))
+    if args.algorithm == "atoms" and training_flag:  # the atoms train and write nothing: the flag would be lost
+        parser.error(f"argument {training_flag}: only applies to training, not to --algorithm atoms (which prints "
+                     "and writes nothing)")
     if args.algorithm != "atoms":
         algorithms = ALGORITHMS if args.algorithm == "all" else (args.algorithm,)
         output_folder_or_exit(parser, args.output, [f"{name}.{ext}" for name in algorithms for ext in ("csv", "json")])
