@@ -771,9 +771,15 @@ def atlas_headline(root, width=None):
             for start, by_kind in counts)
 
     claims, checks = (sum(counts[0][1][kind].values()) for kind in ("claim", "check"))
+    agreement = ""
+    for other, (start, _) in zip(_held_out(root), counts[1:]):  # how many verdicts another seed set repeats
+        same = engine.verdict_agreement(os.path.join(root, ATLAS), other)
+        agreement += (f" The seeds from {counts[0][0]} and from {start} give the same verdict "
+                      f"to {same['claim'][0]} of {same['claim'][1]} claims ({same['claim'][0] / same['claim'][1]:.0%})"
+                      f" and {same['check'][0]} of {same['check'][1]} checks.")
     text = (f"The atlas states {claims} claims (RL effects that could come out either way). {counted('claim')} "
             f"Its {checks} checks (identities and properties of the code, whose answer is known) are counted "
-            f"apart. {counted('check')}")
+            f"apart. {counted('check')}{agreement}")
     return text if width is None else textwrap.fill(text, width)
 
 

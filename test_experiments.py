@@ -322,6 +322,21 @@ class Verdicts(unittest.TestCase):
         self.assertEqual(counts, {"check": {"holds": 1, "does not hold": 0, "within noise": 0},
                                   "claim": {"holds": 1, "does not hold": 0, "within noise": 0}})
 
+    def test_two_seed_sets_agree_on_the_verdicts_they_share(self):
+        exact = claims.check_claim(claims.Check("e", lambda _: True, "exact"), {})
+        holds = self.verdict([0.10, 0.20, 0.15, 0.12, 0.18], test="greater", at_least=0.8)
+        noise = self.verdict([0.10, -0.20, 0.15, -0.12, 0.18], test="greater", at_least=0.8)
+        only_here = {**holds, "claim": "d"}  # judged by one set only: not counted
+        self.assertEqual((holds["verdict"], noise["verdict"]), ("holds", "within noise"))
+        with tempfile.TemporaryDirectory() as root:
+            for folder, verdicts in (("a", [holds, exact, only_here]), ("b", [noise, exact])):
+                os.makedirs(os.path.join(root, folder, "x"))
+                with open(os.path.join(root, folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
+                    json.dump({"experiment": "x", "seeds": [0, 1, 2, 3, 4], "claims": verdicts}, handle)
+            first, second = os.path.join(root, "a"), os.path.join(root, "b")
+            self.assertEqual(engine.verdict_agreement(first, second), {"claim": (0, 1), "check": (1, 1)})
+            self.assertEqual(engine.verdict_agreement(first, first), {"claim": (2, 2), "check": (1, 1)})
+
     def test_a_run_that_never_reached_the_target_counts_at_its_budget(self):
         # seed 0: both reached (12 - 8); seeds 1-3: the first never reached within 40 iterations; seed 4: neither
         reached = [(12, 8), (None, 10), (None, 30), (None, 25), (None, None)]

@@ -432,6 +432,20 @@ def verdict_counts(folder="results-experiments"):
     return counts
 
 
+def verdict_agreement(folder, other):
+    """{kind: (same, shared)}: of the claims (and checks) that two atlas folders (two seed sets) both judge,
+    how many get the same verdict in both."""
+    theirs = {(name, verdict["claim"]): verdict["verdict"] for name, settings in atlas_rows(other)
+              for verdict in settings.get("claims", [])}
+    agreement = {kind: [0, 0] for kind in KINDS}
+    for name, settings in atlas_rows(folder):
+        for verdict in settings.get("claims", []):
+            if (name, verdict["claim"]) in theirs:
+                agreement[verdict["kind"]][0] += verdict["verdict"] == theirs[name, verdict["claim"]]
+                agreement[verdict["kind"]][1] += 1
+    return {kind: tuple(pair) for kind, pair in agreement.items()}
+
+
 def _first_seed_title(title, rows):
     """"verdict (seeds from 100)": the seed set of an atlas folder, by its first seed (the experiments run
     different numbers of seeds from it)."""
