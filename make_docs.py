@@ -826,6 +826,7 @@ def namespace(root):
         "limits": Data({
             "group_actions": rl_lab.MAX_GROUP_ACTIONS, "token_positions": online_settings.MAX_TOKEN_POSITIONS,
             "min_temperature": online_settings.MIN_TEMPERATURE, "sapo_min_tau": rl_lab.SAPO_MIN_TAU,
+            "transformer_responses": online_settings.POLICY_MAX_RESPONSES["transformer"],
             "committed_rtol": lab_testing.COMMITTED_RTOL, "committed_atol": lab_testing.COMMITTED_ATOL,
         }),
         "table": table, "number": number, "numbers": numbers, "mean_of": mean_of,

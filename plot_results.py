@@ -1,18 +1,21 @@
 """Redraw the lab's figures from its CSV/JSON outputs (reads files only; never imports torch).
 
     python plot_results.py --input results --output results/training-curves.svg
-    python ppo_chain.py --gae-lambda 0 --output results-chain-lambda0      # a second chain run, to overlay
-    python plot_results.py --input results-chain results-chain-lambda0 --output chain.png     # one line per folder
+    python ppo_chain.py --gae-lambda 0 --output /tmp/chain-lambda0                  # a second chain run, to overlay
+    python plot_results.py --input results-chain /tmp/chain-lambda0 --output /tmp/chain.png   # one line per folder
     python plot_results.py --input results-tokens.json --output results-tokens.svg
-    python plot_results.py --input results-online-grpo-sequence results-online-cispo-sequence --output online.png
-    python plot_results.py --input results-online-all --output online-all.png              # four algorithms, one budget
+    python plot_results.py --input results-online-grpo-sequence results-online-cispo-sequence --output /tmp/online.png
+    python plot_results.py --input results-online-all --output /tmp/online-all.png     # four algorithms, one budget
+    python plot_results.py --input results-experiments/group-size --output /tmp/group-size.svg   # an experiment
 
-The kind of input is detected from the files present (FOLDER_MARKERS): a folder with comparison.csv
-(online_tokens.py --algorithm all: one online.csv per algorithm subfolder), a folder with online.csv
-(one online run), a folder with ppo-chain.csv (two-step chain), a folder with any of
-ppo/dpo/grpo/cispo.csv (bandit), or a token report .json (token_objectives.py). Several folders of
-one kind are overlaid, one line per run, each labelled by the settings in which it differs from the
-others (read from the run's JSON); inputs of different kinds are refused. The format follows the
+The kind of input is detected from the files present (FOLDER_MARKERS): a folder with summary.csv (an
+experiment of experiments.py), a folder with comparison.csv (online_tokens.py --algorithm
+all: one online.csv per algorithm subfolder), a folder with online.csv (one online run; a transformer
+run gets its own figure), a folder with ppo-chain.csv (two-step chain), a folder with any of
+ppo/dpo/grpo/cispo.csv (bandit), or a .json file, read as a token report (token_objectives.py).
+Several folders of one kind (bandit, chain, online) are overlaid, one line per run, each labelled by
+the settings in which it differs from the others (read from the run's JSON); an experiment folder and
+a token report are drawn one at a time; inputs of different kinds are refused. The format follows the
 --output extension: .svg (deterministic bytes) or .png.
 
 A new kind is one function `plot_<kind>(inputs) -> Figure` (inputs: the list of paths) registered in
@@ -225,8 +228,8 @@ FOLDER_MARKERS = (
 
 
 def detect_kind(path):
-    """Return the kind of an input path (a key of PLOTTERS: 'online-all', 'online', 'chain', 'bandit' or
-    'tokens'), or raise PlotInputError."""
+    """Return the kind of an input path (a key of PLOTTERS: 'experiment', 'online-all', 'online', 'chain',
+    'bandit' or 'tokens'), or raise PlotInputError."""
     if os.path.isdir(path):
         names = set(os.listdir(path))
         for kind, markers in FOLDER_MARKERS:

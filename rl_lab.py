@@ -1105,8 +1105,9 @@ def kl_k2(policy_logps, ref_logps, *, check=True):
     token, low variance). For one categorical draw from the current policy, its expected GRADIENT is
     exactly the gradient of KL(policy || ref) (arXiv 2506.09477). For a sequence, a per-token k2 loss
     gives only a partial gradient of the sequence KL; the KL in the reward gives the exact one.
-    Args, errors: as `token_kl_penalty`; the square overflows where |policy - ref| exceeds about 1.9e154
-    nats in float64 (about 362 in float16), a ValueError naming policy_logps.
+    Args, errors: as `token_kl_penalty`; the square overflows where |policy - ref| exceeds about 1.34e154
+    nats in float64 (256 in float16: the square of the difference exceeds the dtype's largest number before
+    it is halved), a ValueError naming policy_logps.
     verl: kl_loss_type / kl_penalty "mse" (k2); TRL: none.
     """
     _check_kl_args(policy_logps, ref_logps, check)
