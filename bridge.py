@@ -15,7 +15,7 @@ reads every option back and fails on any difference. `conformance` feeds one flo
 log-probs, masks, rewards) to the lab's atoms and to TRL's GRPOTrainer._compute_loss,
 RLOOTrainer._compute_loss, CPOTrainer.cpo_loss and verl's actor loss (verl.workers.utils.losses
 .ppo_loss), and compares the losses and their gradients with respect to the per-token log-probs; it
-also measures each documented convention difference. A third table holds every atom of SPEC section 9
+also measures each documented convention difference. A third table holds every atom of the second wave
 that TRL or verl implements against the library's own function on ragged float64 batches of several seeds
 (value and gradient); where the function runs only inside a trainer's generation step, the lines of it
 are executed as the library wrote them (`trl_source_block`). `e2e` writes each task's data
@@ -737,7 +737,7 @@ def _trl_default_rows(trl, output_dir):
 
 
 # ---------------------------------------------------------------------------------------------
-# The atoms of the second wave (SPEC section 9), each against the library function that computes it
+# The atoms of the second wave (the variants of 2025-2026), each against the library function that computes it
 # ---------------------------------------------------------------------------------------------
 
 ATOM_SEEDS = (0, 1, 2)

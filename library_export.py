@@ -17,7 +17,7 @@ carry. `python bridge.py e2e` runs such a script and recomputes TRL's loss with 
 The verl command trains a pretrained model (--model; default VERL_MODEL) on one node, on the parquet
 files and the text verifier that `online_tokens.py --export-data DIR` writes (--export-data-dir). It
 passes verl's own start-up checks as written: the micro-batch sizes, rollout.name, PPO's critic model
-(test_bridge.VerlLaunch runs main_ppo up to ray.init on every export). Its header says what verl does
+(test_bridge.VerlLaunch runs main_ppo up to ray.init on a set of exports, VERL_EXPORTS). Its header says what verl does
 differently (library_map's block), each value set for a real model with its reason (learning rate,
 batch, lengths), what stays the lab's (steps, seeds, a constant learning rate, weight decay 0) and
 every setting of the lab's own policy that does not carry. DPO (verl has no DPO trainer) and a loss or
@@ -503,7 +503,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=steps_count, default=ITERATIONS,
                         help=f"the lab's iterations, an integer >= 1 (default {ITERATIONS})")
     parser.add_argument("--output", default="trl-run", help="the output folder (default: trl-run)")
-    parser.add_argument("--vllm", action="store_true", help="generate with vLLM (a GPU) and apply its correction")
+    parser.add_argument("--vllm", action="store_true",
+                        help="generate with vLLM (a GPU); TRL's correction of its sampler is set as the lab's run "
+                             "had it (VLLM above: on with --tis-cap, off otherwise)")
     args = parser.parse_args(argv)
     missing = [name for name in ("train.jsonl", "rl_lab_verifier.py")
                if not os.path.isfile(os.path.join(args.data, name))]
@@ -537,7 +539,8 @@ ACTOR_LR = (1e-6, "verl's default and its GRPO examples' for 0.5B-7B instruct mo
                   "table of logits or a tiny transformer and would wreck a pretrained model within a few steps")
 CRITIC_LR = (1e-5, "verl's default: the critic's value head starts from scratch, so it learns faster than the actor")
 PROMPTS = (128, f"prompts per step: {GPUS_PER_NODE} GPUs need many sequences at once to stay busy (at most the "
-                "task's train prompts: verl's epoch draws each once); one mini-batch of the whole batch keeps the "
+                "task's train prompts: verl's epoch goes through them without replacement and drops the last "
+                "partial batch); one mini-batch of the whole batch keeps the "
                 "lab's one Adam step per update")
 RESPONSE_TOKENS = (256, "a BPE tokenizer and a chat model write the answer in words and spaces: room to finish "
                         "(the TRL script's too), while the verifier still scores only the exact answer; the lab's cap "
@@ -547,8 +550,9 @@ PROMPT_TOKENS = (512, "the chat template, the instruction and the numbers; data.
 MICRO_BATCH = (8, "sequences one GPU holds for a gradient (16 for a forward pass): memory only, the gradient is "
                   "accumulated, so the loss does not change; lower them if a GPU runs out of memory")
 LOG_PROB_MICRO_BATCH = 16
-VALIDATION_SAMPLES = (16, "responses per prompt at the lab's temperature: verl logs best@k (pass@k of a 0/1 "
-                          "reward) for k = 2, 4, 8, 16")
+VALIDATION_SAMPLES = (16, "responses per prompt at the lab's temperature: verl logs best@k for k = 2, 4, 8, 16, the "
+                          "best of k of these responses drawn with replacement (a bootstrap), which lies below the "
+                          "unbiased pass@k the lab reports; raise it well above k to compare the two")
 TEST_EVERY = (10, "steps between validations")
 # A run whose loss or advantage verl lacks is refused (verl would train another algorithm under its name); a
 # switch verl lacks is named in the header
