@@ -3,7 +3,7 @@
     python bench.py                 # 3 runs of each figure, medians, with the machine named
     python bench.py --runs 7        # more runs on a noisy machine
     python bench.py --part transformer --output results-bench/transformer.json   # what docs/ quotes
-    python bench.py --part suite --runs 1 --output results-bench/suite.json      # the test suite, as README quotes
+    python bench.py --part suite --runs 3 --output results-bench/suite.json      # the test suite, as README quotes
 
 It prints, per driver: the wall time of the whole default command in a fresh
 process; the fixed start-up every process pays (`import torch` plus the first torch optimizer, which

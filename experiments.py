@@ -4,7 +4,7 @@ seeds, its claims checked against every seed, written as tables, verdicts and a 
     python experiments.py --list                      # the experiments, one line each
     python experiments.py kl-estimators               # one experiment -> results-experiments/kl-estimators/
     python experiments.py all                         # every experiment (docs/atlas.md: how long it takes)
-    python experiments.py all --seed-start 100        # the same claims on seeds nobody looked at
+    python experiments.py all --seed-start 100        # the same claims on a second, held-out set of seeds
     python experiments.py zero-variance --seeds 10 --jobs 2 --quick
     python experiments.py all --timings results-bench/atlas.json   # also each experiment's run time
     python experiments.py all --from-runs             # no run: summaries and verdicts from the committed runs
@@ -93,12 +93,12 @@ def build_parser():
                         help="run N seeds of every configuration, integer in [1, 100] (default: each experiment's "
                              f"own, {DEFAULT_SEEDS} for most; --list shows it)")
     parser.add_argument("--seed-start", type=int_flag(0, MAX_SEED_START), default=0,
-                        help="the first seed: seeds S..S+N-1; another start checks the claims on seeds nobody "
-                             "tuned on; integer in [0, 2**63 - 101], so that every seed stays below 2**63 "
+                        help="the first seed: seeds S..S+N-1; another start checks the claims on another "
+                             "set of seeds; integer in [0, 2**63 - 101], so that every seed stays below 2**63 "
                              "(default: 0)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"every run at its experiment's quick size ({QUICK_STEPS} iterations for the training "
-                             "runs): the mechanism in seconds, not the effect; verdicts mean little (default: off)")
+                        help=f"every run at its experiment's quick size ({QUICK_STEPS} iterations for the table "
+                             "and bandit runs, 2 for the transformer's from a 20-step SFT start): the mechanism in seconds, not the effect; verdicts mean little (default: off)")
     parser.add_argument("--jobs", type=int_flag(1, 64), default=os.cpu_count() or 1,
                         help="worker processes, integer in [1, 64] (default: the machine's cores)")
     parser.add_argument("--output", default=None,

@@ -1,8 +1,8 @@
 """What TRL and verl call each setting of the online driver: the "trl" and "verl" blocks of every
 online.json, and the table of docs/bridge.md.
 
-    python library_map.py                 # prints the table: lab setting -> TRL, verl, what still differs
-    python bridge.py check                # builds every block into the libraries' own config objects
+    python library_map.py                 # one block per setting: lab setting -> TRL, verl, what still differs
+    .venv-bridge/bin/python bridge.py check   # builds every block into the libraries' own config objects (the extra)
 
 For one run's settings, `library_blocks(settings)` returns {"trl": ..., "verl": ...}; what is particular to a
 loss or an advantage comes from its registry entry (online_registry.py), so this file names none. Each block holds

@@ -59,7 +59,7 @@ PROGRAMS = {
     "rl_lab.py": "rl_lab", "ppo_chain.py": "ppo_chain", "token_objectives.py": "token_objectives",
     "online_tokens.py": "online_tokens", "sft.py": "sft", "experiments.py": "experiments",
     "plot_results.py": "plot_results", "bench.py": "bench", "library_map.py": "library_map",
-    "bridge.py": "bridge", "exercises.py": "exercises", "make_docs.py": "make_docs",
+    "bridge.py": "bridge", "exercises.py": "exercises", "course.py": "course", "make_docs.py": "make_docs",
 }
 # The algorithm pages: each a content file docs/templates/algorithms/NAME.md with these sections, in the
 # skeleton's order (the skeleton gives every page the same headings).
@@ -89,6 +89,7 @@ ARXIV_TITLES = {
     "1912.09729": "Ye et al., Mastering Complex Control in MOBA Games with Deep RL (dual-clip PPO)",
     "2107.03374": "Chen et al., Evaluating Large Language Models Trained on Code (the pass@k estimator)",
     "2203.02155": "Ouyang et al., Training language models to follow instructions with human feedback (InstructGPT)",
+    "2210.10760": "Gao et al., Scaling Laws for Reward Model Overoptimization",
     "2305.10425": "Zhao et al., SLiC-HF: Sequence Likelihood Calibration with Human Feedback",
     "2305.18290": "Rafailov et al., Direct Preference Optimization (DPO)",
     "2309.06657": "Liu et al., Statistical Rejection Sampling Improves Preference Optimization (RSO)",
@@ -97,16 +98,19 @@ ARXIV_TITLES = {
     "2402.14740": "Ahmadian et al., Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human "
                   "Feedback in LLMs (RLOO)",
     "2403.00409": "Chowdhury et al., Provably Robust DPO: Aligning Language Models with Noisy Feedback (rDPO)",
+    "2404.19733": "Pang et al., Iterative Reasoning Preference Optimization (RPO)",
     "2405.14734": "Meng et al., SimPO: Simple Preference Optimization with a Reference-Free Reward",
     "2405.19107": "Richemond et al., Offline Regularised Reinforcement Learning for Large Language Models Alignment "
                   "(DRO)",
+    "2410.08847": "Razin et al., Unintentional Unalignment: Likelihood Displacement in Direct Preference Optimization",
     "2501.03262": "Hu et al., REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
+    "2501.12948": "DeepSeek-AI, DeepSeek-R1: Incentivizing Reasoning Capability in LLMs via Reinforcement Learning",
     "2501.17161": "Chu et al., SFT Memorizes, RL Generalizes: A Comparative Study of Foundation Model Post-training",
-    "2503.14286": "Le Roux et al., Tapered Off-Policy REINFORCE: Stable and Efficient Reinforcement Learning for "
-                  "LLMs (TOPR)",
+    "2503.14286": "Le Roux et al., Tapered Off-Policy REINFORCE: Stable and Efficient Reinforcement Learning for LLMs "
+                  "(TOPR)",
     "2503.14476": "Yu et al., DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-    "2503.19595": "Tang et al., Optimizing Language Models for Inference Time Objectives using Reinforcement "
-                  "Learning (pass@k advantages)",
+    "2503.19595": "Tang et al., Optimizing Language Models for Inference Time Objectives using Reinforcement Learning "
+                  "(pass@k advantages)",
     "2503.20783": "Liu et al., Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO)",
     "2504.02546": "Chu et al., GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning",
     "2504.13837": "Yue et al., Does Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the "
@@ -118,9 +122,11 @@ ARXIV_TITLES = {
     "2505.22617": "Cui et al., The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models "
                   "(Clip-Cov, KL-Cov)",
     "2505.23585": "Hao et al., On-Policy RL with Optimal Reward Baseline (OPO)",
+    "2506.01347": "Zhu et al., The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning",
     "2506.01939": "Wang et al., Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement "
                   "Learning for LLM Reasoning",
     "2506.09477": "Tang and Munos, On a Few Pitfalls in KL Divergence Gradient Estimation for RL",
+    "2506.10947": "Shao et al., Spurious Rewards: Rethinking Training Signals in RLVR",
     "2506.13585": "MiniMax, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention (CISPO)",
     "2507.18071": "Zheng et al., Group Sequence Policy Optimization (GSPO)",
     "2507.20673": "Zhao et al., Geometric-Mean Policy Optimization (GMPO)",
@@ -410,6 +416,8 @@ def flags(program, only=None):
         values = code(row["values"]) if row["values"] else ""
         lines.append(f"| {code(row['flag'])} | {values} | {escape(row['default'])} "
                      f"| {escape(row['help'])} |")
+    if len(lines) == 3:  # a program without flags: no empty table
+        return f"{lines[0]}\nNo flag but `--help`."
     return "\n".join(lines)
 
 

@@ -97,7 +97,7 @@ class OnlineConfig:
     group_size: int = setting(8, "responses per prompt (G); B*G responses per iteration for every algorithm",
                               low=2, high=1024)
     max_new_tokens: int = setting(5, "cap on response length; a response that reaches it without EOS is truncated",
-                                  low=1, high=64)
+                                  low=1, high=64, default_text="5; 8 with --task countdown")
     temperature: float = setting(1.0, "temperature of the trainer's policy (sampling and every log-prob)",
                                  low=MIN_TEMPERATURE, high=10.0)
     updates_per_batch: int = setting(2, "Adam steps on each batch (ratios leave 1 after the first)", low=1, high=64)
@@ -135,8 +135,8 @@ class OnlineConfig:
                                     "cap where it ramps to -1)", low=1, high="max_new_tokens", optional=True,
                                     applies=GROUP)
     advantage_sign: str = setting("both", "keep the advantages of both signs, only A > 0 (positive sample "
-                                  "reinforcement) or only A < 0 (negative sample reinforcement; Zhu et al., arXiv "
-                                  "2506.01347): the other sign's responses get advantage 0",
+                                  "reinforcement) or only A < 0 (negative sample reinforcement; Zhu et al., "
+                                  "arXiv 2506.01347): the other sign's responses get advantage 0",
                                   choices=("both", "positive", "negative"), applies=GROUP, quiet=True)
     random_reward: float = setting(None, "train on a spurious reward: each response gets 1 with this probability, "
                                    "else 0, drawn from the run's generator whatever its answer (Shao et al. 2025); "

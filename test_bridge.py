@@ -1,4 +1,4 @@
-"""Tests of bridge.py and of the map's twelve corrected claims, against the installed TRL and verl.
+"""Tests of bridge.py and of the map's corrected claims (CorrectedClaims), against the installed TRL and verl.
 
     .venv-bridge/bin/python -m unittest -v test_bridge       # needs requirements-bridge.txt (docs/bridge.md)
 
@@ -744,10 +744,6 @@ class CorrectedClaims(unittest.TestCase):
         self.assertAlmostEqual(float(convention(table, "verl clamps the log-ratio")), 1 - math.exp(-5), places=3)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 def exported_data(task):
     """(folder, stdout) of `online_tokens.py --task T --export-data` into a fresh temporary folder."""
     folder = os.path.join(tempfile.mkdtemp(), task)
@@ -941,3 +937,7 @@ class TrlExports(unittest.TestCase):
             self.assertFalse(os.path.exists(os.path.join(folder, "run", "model")))  # nothing built or warmed up
             trainer.train()
         self.assertEqual(trainer.state.global_step, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1518,8 +1518,8 @@ def _negative_samples():
     return _transformer_experiment(
         name="negative-samples",
         summary="transformer GRPO from its SFT start on A < 0 only (NSR), A > 0 only (PSR) or both: pass@1, pass@16",
-        source="Zhu et al., 'The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning', arXiv "
-               "2506.01347",
+        source="Zhu et al., 'The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning', "
+               "arXiv 2506.01347",
         claim="Training only on the responses with A > 0 (positive sample reinforcement, PSR) sharpens the policy: "
               "pass@1 rises and pass@k at large k falls below the start. Training only on those with A < 0 (NSR) "
               "pushes the wrong answers' probability to the model's other candidates in proportion to its prior, so "
