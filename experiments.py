@@ -6,7 +6,7 @@ seeds, its claims checked against every seed, written as tables, verdicts and a 
     python experiments.py all                         # every experiment (docs/atlas.md: how long it takes)
     python experiments.py all --seed-start 100        # the same claims on a second, held-out set of seeds
     python experiments.py zero-variance --seeds 10 --jobs 2 --quick
-    python experiments.py all --timings results-bench/atlas.json   # also each experiment's run time
+    python experiments.py all --seed-start 900 --output /tmp/a --timings /tmp/t.json   # each one's run time too
     python experiments.py all --from-runs             # no run: summaries and verdicts from the committed runs
 
 Each experiment runs the drivers' Python APIs in this process's workers (no shelling out) over seeds

@@ -108,8 +108,11 @@ def build_parser():
 
 
 def with_algorithms(item):
-    """The setting with the algorithms it applies to in front of its help, unless it applies to all."""
+    """The setting with the algorithms (and the policy) it applies to in front of its help, unless it applies
+    to all."""
     where = "" if APPLIES[item.name] == ALGORITHMS else ", ".join(APPLIES[item.name])
+    if item.policies is not None:
+        where = f"{where} ({' or '.join(item.policies)} policy)" if where else f"{' or '.join(item.policies)} policy"
     if item.requires is not None:
         flag = BY_NAME[item.requires[0]].option
         values = [value for value in item.requires[1] if not isinstance(value, bool)]
