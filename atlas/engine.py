@@ -402,8 +402,7 @@ def atlas_markdown(folder="results-experiments", held_out=(), kinds=KINDS):
     typed by hand): experiment, kind, claim, verdict with its count, and the mean or share with its 95%
     interval. held_out: more atlas folders (other seeds, e.g. --seed-start 100) whose verdicts on the same
     claims get a column each; kinds: the kinds of claims the table shows (both by default)."""
-    extra = [{(name, verdict["claim"]): verdict for name, settings in atlas_rows(other)
-              for verdict in settings.get("claims", [])} for other in held_out]
+    extra = [_verdicts_of(other) for other in held_out]
     rows = atlas_rows(folder)
     header = ["experiment", "kind", "claim", "needs", _first_seed_title("verdict", rows),
               "mean or share [95% interval]"]
@@ -435,15 +434,19 @@ def verdict_counts(folder="results-experiments"):
 def verdict_agreement(folder, other):
     """{kind: (same, shared)}: of the claims (and checks) that two atlas folders (two seed sets) both judge,
     how many get the same verdict in both."""
-    theirs = {(name, verdict["claim"]): verdict["verdict"] for name, settings in atlas_rows(other)
-              for verdict in settings.get("claims", [])}
+    theirs = _verdicts_of(other)
     agreement = {kind: [0, 0] for kind in KINDS}
-    for name, settings in atlas_rows(folder):
-        for verdict in settings.get("claims", []):
-            if (name, verdict["claim"]) in theirs:
-                agreement[verdict["kind"]][0] += verdict["verdict"] == theirs[name, verdict["claim"]]
-                agreement[verdict["kind"]][1] += 1
+    for key, verdict in _verdicts_of(folder).items():
+        if key in theirs:
+            agreement[verdict["kind"]][0] += verdict["verdict"] == theirs[key]["verdict"]
+            agreement[verdict["kind"]][1] += 1
     return {kind: tuple(pair) for kind, pair in agreement.items()}
+
+
+def _verdicts_of(folder):
+    """{(experiment, claim text): verdict} of an atlas folder."""
+    return {(name, verdict["claim"]): verdict for name, settings in atlas_rows(folder)
+            for verdict in settings.get("claims", [])}
 
 
 def _first_seed_title(title, rows):
