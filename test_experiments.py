@@ -813,6 +813,12 @@ class CommittedAtlas(unittest.TestCase):
                 self.assertTrue(experiment.seeds_reason and not experiment.seeds_reason.endswith("."))
                 self.assertTrue(all(claim.kind in claims.KINDS for claim in experiment.claims))
                 self.assertEqual(len({claim.text for claim in experiment.claims}), len(experiment.claims))
+                # a claim about how often a run does something is a rate: past 9 seeds none asks every seed
+                # (an identity may: it is a check)
+                every_seed = [claim.text for claim in experiment.claims if claim.kind == claims.CLAIM
+                              and claim.test == "count" and experiment.seeds > 9
+                              and claims.required_seeds(claim.at_least, experiment.seeds) == experiment.seeds]
+                self.assertEqual(every_seed, [])
                 for size in (experiment, engine.at_quick_size(experiment)):
                     for label, runner, options in size.configurations:
                         assert_options_are_settings(self, runner, options)

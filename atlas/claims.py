@@ -67,6 +67,12 @@ class AtBudget(float):
     where one run never reached the target counts toward the other, and where both never did, as a tie."""
 
 
+# a claim about how often an RL run does something ("reaches 0.9", "no prompt ends stuck") is a rate: it holds
+# when at least 9 runs in 10 do. "Every seed" is what an identity asks; asked of a run, one rare seed (the default
+# GRPO run gets a prompt stuck in about 1 of 60 seeds) fails it on one seed set and not on the next
+MOST_RUNS = 0.9
+
+
 def required_seeds(share, seeds):
     """How many of `seeds` seeds a share asks for: rounded up, at least 1 (4 of 5 for 0.8)."""
     return max(1, math.ceil(share * seeds - 1e-9))
