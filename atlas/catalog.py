@@ -1047,8 +1047,10 @@ def _clip_higher_entropy():
             {"kind": "values", "metrics": ["test_pass@16_after"], "title": "test pass@16 after RL",
              "ylabel": "pass@16"},
             "test success"],
-        seeds_reason="5 seeds separate effects above 1.24; the entropy and pass@16 gaps measured 0.38 to 1.08 on "
-                     "seeds 0-4, which need 8 to 56 seeds",
+        seeds=8,
+        seeds_reason="pooled over seeds 0-4, 100-104 and 500-504 (effects in standard deviations, 95% power): "
+                     "CISPO's entropy over GRPO's measures 1.46, which needs 8 seeds; eps_high's entropy and pass@16 "
+                     "gaps measure 0.07 and 0.04, which no affordable count separates (they stay within noise)",
         cost=22.0,
     )
 
@@ -1090,7 +1092,9 @@ def _length_growth():
             {"kind": "values", "metrics": ["mean_correct_length_tail"], "title": "correct answers, last 10 iterations",
              "ylabel": "tokens"},
             "final test success"],
-        seeds_reason="the gaps measure 1.26 to 7 on seeds 0-4, at or over the 1.24 that 5 seeds separate",
+        seeds=7,
+        seeds_reason="pooled over seeds 0-4, 100-104 and 500-504 (effects in standard deviations, 95% power): the "
+                     "gaps measure 1.49 to 4.2; 1.49 (sequence mean against the constant) needs 7 seeds",
         cost=12.0,
     )
 
@@ -1129,8 +1133,11 @@ def _precision_mismatch():
              "trainer| of a batch", "ylabel": "nats"},
             "test success",
             "final test success"],
-        seeds_reason="the ordering is a property of the number formats; the equivalences need an interval inside "
-                     "+-0.05, which 5 seeds give at the spread of seeds 0-4",
+        seeds=8,
+        seeds_reason="the ordering is a property of the number formats; an equivalence inside +-0.05 needs about "
+                     "(1.96 + 1.645)^2 sd^2 / (0.05 - |mean|)^2 seeds: pooled over seeds 0-4, 100-104 and 500-504 "
+                     "(effects in standard deviations, 95% power) that is 4 for both, and 5 seeds left one or the "
+                     "other within noise on one of three sets, so 8 (a t-interval narrower by a third)",
         cost=14.0,
     )
 
@@ -1213,12 +1220,12 @@ def _kl_placement():
             {"kind": "values", "metrics": ["kl_reference"], "title": "KL to the reference at the end",
              "ylabel": "nats per response"},
             "final test success"],
-        seeds_reason="on the committed seeds 0-4 (effects in standard deviations) the KL in the reward and at beta 0.2 "
-                     "pull by 2.6 and 2.9, the gap between k1 in the reward and k3 in the loss by 2.2 and the "
-                     "ablation's shrinkage by 2.2 and 1.8, over the 1.24 that 5 seeds separate; 10 seeds would "
-                     "double the 5.4 minutes of one core each seed set takes at 5 (40 runs of about 8 s); k3 at beta "
-                     "0.02 measures 0.93 (0.24 nats), which 5 seeds do not separate: within noise on seeds 0-4, "
-                     "holds on seeds 100-104",
+        seeds=10,
+        seeds_reason="pooled over seeds 0-4, 100-104 and 500-504 (effects in standard deviations, 95% power): the KL "
+                     "in the reward and at beta 0.2 pull by 3.0 and 4.5, the std's gap and its ablation by 2.3 to "
+                     "2.6; k3 at beta 0.02 and the pull without the std measure 1.32 and 1.33, which need 9, and "
+                     "k1's equivalence inside 0.3 nats (mean -0.08, sd 0.21) about 12: 10 seeds, which double the "
+                     "minutes of a seed set; the pull of k1 in the reward without the std (0.76) would need 24",
         cost=8.0,
     )
 
@@ -1489,9 +1496,10 @@ def _dpo_displacement():
              "iterations", "ylabel": "nats per response"},
             {"kind": "values", "metrics": ["pair_distance_tail"], "title": "token positions in which a pair differs",
              "ylabel": "positions (of 8)"}],
-        seeds=10,
-        seeds_reason="chosen before the runs for the ablation: its paired difference of two runs is noisier than "
-                     "the displacement (1 to 2 nats on seed 0), and a run costs about 5 s of one core",
+        seeds=13,
+        seeds_reason="10 were chosen before the runs for the ablation, whose paired difference of two runs is "
+                     "noisier than the displacement (1 to 2 nats on seed 0); pooled over seeds 0-9, 100-109 and "
+                     "500-509 (effects in standard deviations, 95% power) it measures 1.06, which needs 13",
         cost=5.0,
     )
 
@@ -1572,9 +1580,10 @@ def _negative_samples():
              "title": "distinct correct answers per test prompt", "ylabel": "answers (of 32 samples)"},
             {"kind": "claim", "claim": 7, "title": "the ablation: NSR's pass@16 gap, beta 0.02 minus beta 1",
              "ylabel": "difference of pass@16 gaps"}],
-        seeds_reason="what the time budget allows (five configurations, about 8 s of one core a run); 5 seeds "
-                     "separate effects above 1.24, which pass@1's rise under PSR (0.13 on seed 0) should pass, the "
-                     "pass@16 differences of a few points may not",
+        seeds=13,
+        seeds_reason="pooled over seeds 0-4, 100-104 and 500-504 (effects in standard deviations, 95% power): the "
+                     "pass@1 rises measure 2.3 to 6.2; NSR's pass@16 under PSR's 1.06, which needs 13 seeds; the "
+                     "beta-1 ablation of that gap (0.74) would need 25",
         cost=8.0,
     )
 
@@ -1706,10 +1715,12 @@ def _reward_hacking():
             {"kind": "values", "metrics": ["reward_gap_head", "reward_gap_tail"],
              "title": "reward gap, first and last 10 iterations", "ylabel": "proxy minus true reward"}],
         cost=13.0,
+        seeds=17,
         seeds_reason="pilot runs (seed 50, in neither set) gave a last-10-iteration gap of 0.048 at beta 0 and 0.016 "
-                     "at beta 0.2, about four times one run's sampling error (0.008 from 1280 responses), so 5 seeds; "
-                     "on seeds 0-4 the growth measures 1.6 at beta 0 and 0.7 at beta 0.2 (which needs about 17), the "
-                     "beta gap 1.8, over the 1.24 that 5 seeds separate",
+                     "at beta 0.2, about four times one run's sampling error (0.008 from 1280 responses), so 5 seeds "
+                     "at first; pooled over seeds 0-4, 100-104 and 500-504 (effects in standard deviations, 95% "
+                     "power) the growth measures 0.90 at beta 0 and 1.02 at beta 0.2, which need 17 and 14 seeds; "
+                     "the beta gap (0.76) would need 24",
     )
 
 
