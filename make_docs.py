@@ -430,11 +430,16 @@ def algorithm_flags(algorithm):
     return flags("online_tokens.py", only=options)
 
 
-@functools.cache
 def _module_tree(root, filename):
-    """The parsed source of a module (cached for one render: render_all clears the cache first)."""
+    """The parsed source of a module, read now (the parse is cached by the source's text: a copy of the lab,
+    or a render after an edit, parses only what changed). Read only: never change the tree."""
     with open(os.path.join(root, filename), encoding="utf-8") as handle:
-        return ast.parse(handle.read())
+        return _parsed(handle.read())
+
+
+@functools.cache
+def _parsed(source):
+    return ast.parse(source)
 
 
 def module_docstring(root, filename):
@@ -711,18 +716,26 @@ class Experiment:
         return f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
 
 
-def _held_out(root):
-    """The committed held-out seed sets of the atlas (results-experiments-start<S>), as folders."""
-    return sorted(os.path.join(root, name) for name in os.listdir(root)
-                  if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
+def atlas_sets(root):
+    """[(first seeds, atlas_rows)] of the committed atlas and then of each committed held-out seed set
+    (results-experiments-start<S>), read once for a rendering: "0" or "100", the first seed of each set."""
+    engine = importlib.import_module("atlas.engine")
+    held_out = sorted(name for name in os.listdir(root)
+                      if name.startswith(ATLAS + "-start") and os.path.isdir(os.path.join(root, name)))
+    sets = []
+    for folder in [ATLAS] + held_out:
+        rows = engine.atlas_rows(os.path.join(root, folder))
+        sets.append((", ".join(map(str, sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")}))),
+                     rows))
+    return sets
 
 
-def atlas_table(root, kind):
+def atlas_table(root, sets, kind):
     """The verdict table of atlas/engine.py's atlas_markdown for one kind ("claim" or "check"), with a
-    verdict column for each committed held-out seed set. Experiment names link to their pages."""
+    verdict column for each committed held-out seed set (`atlas_sets`). Experiment names link to their pages."""
     engine = importlib.import_module("atlas.engine")
     names = experiment_folders(root)
-    text = engine.atlas_markdown(os.path.join(root, ATLAS), held_out=_held_out(root), kinds=(kind,)).strip()
+    text = engine.atlas_markdown(sets[0][1], held_out=[rows for _, rows in sets[1:]], kinds=(kind,)).strip()
     linked = []
     for line in text.splitlines():
         cells = line.split(" | ")
@@ -763,15 +776,12 @@ VERDICT_WORDS = {"holds": ("holds", "hold"), "does not hold": ("does not hold", 
                  "within noise": ("is within noise", "are within noise")}
 
 
-def atlas_headline(root, width=None):
-    """The atlas's verdicts counted, claims and checks apart, on each committed seed set ("The atlas
-    states 55 claims (...). On the seeds from 0, 36 hold, ..."), wrapped at `width` (None: one line).
+def atlas_headline(sets, width=None):
+    """The atlas's verdicts counted, claims and checks apart, on each committed seed set (`atlas_sets`: "The
+    atlas states 55 claims (...). On the seeds from 0, 36 hold, ..."), wrapped at `width` (None: one line).
     Only the claims are findings; the checks (where a failure is a bug) are counted after them."""
     engine = importlib.import_module("atlas.engine")
-    counts = []
-    for folder in [os.path.join(root, ATLAS)] + _held_out(root):
-        starts = sorted({settings["seeds"][0] for _, settings in engine.atlas_rows(folder) if settings.get("seeds")})
-        counts.append((", ".join(map(str, starts)), engine.verdict_counts(folder)))
+    counts = [(start, engine.verdict_counts(rows)) for start, rows in sets]
 
     def counted(kind):  # one sentence per seed set
         return " ".join(f"On the seeds from {start}, " + ", ".join(
@@ -780,9 +790,9 @@ def atlas_headline(root, width=None):
 
     claims, checks = (sum(counts[0][1][kind].values()) for kind in ("claim", "check"))
     agreement = ""
-    for other, (start, _) in zip(_held_out(root), counts[1:]):  # how many verdicts another seed set repeats
-        same = engine.verdict_agreement(os.path.join(root, ATLAS), other)
-        agreement += (f" The seeds from {counts[0][0]} and from {start} give the same verdict "
+    for start, rows in sets[1:]:  # how many verdicts another seed set repeats
+        same = engine.verdict_agreement(sets[0][1], rows)
+        agreement += (f" The seeds from {sets[0][0]} and from {start} give the same verdict "
                       f"to {same['claim'][0]} of {same['claim'][1]} claims ({same['claim'][0] / same['claim'][1]:.0%})"
                       f" and {same['check'][0]} of {same['check'][1]} checks.")
     text = (f"The atlas states {claims} claims (RL effects that could come out either way). {counted('claim')} "
@@ -798,6 +808,7 @@ def namespace(root):
     online_algorithms = importlib.import_module("online_algorithms")
     online_registry = importlib.import_module("online_registry")
     lab_testing = importlib.import_module("lab.testing")
+    sets = atlas_sets(root)  # every settings.json of the atlas's seed sets, read once
 
     def section_reader(relative):
         return lambda: read_text(root, relative)
@@ -851,8 +862,8 @@ def namespace(root):
         "atoms_index": lambda: atoms_index(root),
         "test_files": lambda: test_files(root),
         "arxiv_table": lambda: arxiv_table(root),
-        "atlas_table": lambda kind: atlas_table(root, kind),
-        "atlas_headline": lambda width=None: atlas_headline(root, width),
+        "atlas_table": lambda kind: atlas_table(root, sets, kind),
+        "atlas_headline": lambda width=None: atlas_headline(sets, width),
         "experiment_link": lambda name, text=None: _experiment_link(root, name, text),
         "atlas_summary": lambda name: _atlas_summary(root, name),
     }
@@ -902,6 +913,12 @@ def _atlas_summary(root, name):
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _compiled(field):
+    """A placeholder's field, compiled once a process (a field recurs on many pages, and in every rendering)."""
+    return compile("f'''{" + field + "}'''", "<placeholder>", "eval")
+
+
 def render(text, names, where):
     """`text` with every placeholder replaced by its value (see the module docstring)."""
     rendered = []
@@ -909,7 +926,7 @@ def render(text, names, where):
         def replace(match, line_number=line_number):
             field = match.group(1).strip()
             try:  # the field is an f-string replacement field of the lab's own templates
-                return eval(compile("f'''{" + field + "}'''", where, "eval"), names)
+                return eval(_compiled(field), names)
             except Exception as error:  # noqa: BLE001 (any failure names the template, line and placeholder)
                 raise RenderError(f"{where} line {line_number}: {{{{{field}}}}}: {type(error).__name__}: "
                                   f"{' '.join(str(error).split())}") from None
@@ -945,7 +962,6 @@ def _finish(text, page):
 def render_all(root=HERE):
     """{relative path: text} of every page (README.txt, docs/...), rendered from the templates under
     `root` and the results under `root`. Raises RenderError naming a template that cannot be rendered."""
-    _module_tree.cache_clear()  # the sources may have changed since the last render
     names = namespace(root)
     templates = os.path.join(root, TEMPLATES)
     pages = {README: _finish(render(read_text(root, os.path.join(TEMPLATES, README)), names, README), README)}

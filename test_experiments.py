@@ -310,9 +310,10 @@ class Verdicts(unittest.TestCase):
             os.makedirs(os.path.join(folder, "x"))
             with open(os.path.join(folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
                 json.dump(settings, handle)
-            table = engine.atlas_markdown(folder, held_out=[folder]).splitlines()
-            only_checks = engine.atlas_markdown(folder, kinds=("check",)).splitlines()
-            counts = engine.verdict_counts(folder)
+            rows = engine.atlas_rows(folder)
+            table = engine.atlas_markdown(rows, held_out=[rows]).splitlines()
+            only_checks = engine.atlas_markdown(rows, kinds=("check",)).splitlines()
+            counts = engine.verdict_counts(rows)
         self.assertEqual(table[0], "| experiment | kind | claim | needs | verdict (seeds from 0) | mean or share "
                                    "[95% interval] | verdict (seeds from 0) |")
         self.assertTrue(table[2].startswith("| x | claim | c | 4 of 5 above 0, interval above 0 | holds, 5 of 5 seeds "
@@ -333,7 +334,7 @@ class Verdicts(unittest.TestCase):
                 os.makedirs(os.path.join(root, folder, "x"))
                 with open(os.path.join(root, folder, "x", "settings.json"), "w", encoding="utf-8") as handle:
                     json.dump({"experiment": "x", "seeds": [0, 1, 2, 3, 4], "claims": verdicts}, handle)
-            first, second = os.path.join(root, "a"), os.path.join(root, "b")
+            first, second = (engine.atlas_rows(os.path.join(root, folder)) for folder in ("a", "b"))
             self.assertEqual(engine.verdict_agreement(first, second), {"claim": (0, 1), "check": (1, 1)})
             self.assertEqual(engine.verdict_agreement(first, first), {"claim": (2, 2), "check": (1, 1)})
 

@@ -397,16 +397,16 @@ def atlas_rows(folder, names=None):
     return rows
 
 
-def atlas_markdown(folder="results-experiments", held_out=(), kinds=KINDS):
+def atlas_markdown(rows, held_out=(), kinds=KINDS):
     """The atlas's verdicts as one Markdown table, rendered from the committed settings.json files (never
     typed by hand): experiment, kind, claim, verdict with its count, and the mean or share with its 95%
-    interval. held_out: more atlas folders (other seeds, e.g. --seed-start 100) whose verdicts on the same
-    claims get a column each; kinds: the kinds of claims the table shows (both by default)."""
+    interval. rows: `atlas_rows` of one atlas folder; held_out: `atlas_rows` of more folders (other seeds,
+    e.g. --seed-start 100), whose verdicts on the same claims get a column each; kinds: the kinds of claims
+    the table shows (both by default)."""
     extra = [_verdicts_of(other) for other in held_out]
-    rows = atlas_rows(folder)
     header = ["experiment", "kind", "claim", "needs", _first_seed_title("verdict", rows),
               "mean or share [95% interval]"]
-    header += [_first_seed_title("verdict", atlas_rows(other)) for other in held_out]
+    header += [_first_seed_title("verdict", other) for other in held_out]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name, settings in rows:
         for verdict in settings.get("claims", []):
@@ -421,32 +421,31 @@ def atlas_markdown(folder="results-experiments", held_out=(), kinds=KINDS):
     return "\n".join(lines) + "\n"
 
 
-def verdict_counts(folder="results-experiments"):
-    """{kind: {verdict: how many}} over the atlas folders under `folder`: the headline, claims and checks
+def verdict_counts(rows):
+    """{kind: {verdict: how many}} over `atlas_rows` of one atlas folder: the headline, claims and checks
     apart (every kind and verdict present, 0 where none)."""
     counts = {kind: dict.fromkeys((HOLDS, FAILS, NOISE), 0) for kind in KINDS}
-    for _, settings in atlas_rows(folder):
+    for _, settings in rows:
         for verdict in settings.get("claims", []):
             counts[verdict["kind"]][verdict["verdict"]] += 1
     return counts
 
 
-def verdict_agreement(folder, other):
-    """{kind: (same, shared)}: of the claims (and checks) that two atlas folders (two seed sets) both judge,
-    how many get the same verdict in both."""
+def verdict_agreement(rows, other):
+    """{kind: (same, shared)}: of the claims (and checks) that two atlas folders (two seed sets, as their
+    `atlas_rows`) both judge, how many get the same verdict in both."""
     theirs = _verdicts_of(other)
     agreement = {kind: [0, 0] for kind in KINDS}
-    for key, verdict in _verdicts_of(folder).items():
+    for key, verdict in _verdicts_of(rows).items():
         if key in theirs:
             agreement[verdict["kind"]][0] += verdict["verdict"] == theirs[key]["verdict"]
             agreement[verdict["kind"]][1] += 1
     return {kind: tuple(pair) for kind, pair in agreement.items()}
 
 
-def _verdicts_of(folder):
-    """{(experiment, claim text): verdict} of an atlas folder."""
-    return {(name, verdict["claim"]): verdict for name, settings in atlas_rows(folder)
-            for verdict in settings.get("claims", [])}
+def _verdicts_of(rows):
+    """{(experiment, claim text): verdict} of an atlas folder's `atlas_rows`."""
+    return {(name, verdict["claim"]): verdict for name, settings in rows for verdict in settings.get("claims", [])}
 
 
 def _first_seed_title(title, rows):
