@@ -986,8 +986,11 @@ class Workers(unittest.TestCase):
         self.assertIn(int(stderr.split("worker process ")[1].split()[0]), killed_pids)
 
 
+NAP, IMPORTS = 0.01, 0.05  # seconds: a mocked run, and the mocked imports that the run's clock must leave out
+
+
 def _nap(seed):
-    time.sleep(0.02)
+    time.sleep(NAP)
     return {"metrics": {"m": float(seed)}}
 
 
@@ -1027,19 +1030,20 @@ class Timing(unittest.TestCase):
         table = {"t": catalog.Experiment("t", "", "", "", [({"n": 0}, "nap", {}), ({"n": 1}, "nap", {})], ["m"],
                                          seeds_reason="a test")}
         with mock.patch.dict(runners.RUNNERS, nap=_nap), \
-                mock.patch.object(engine, "import_torch_lazy_modules", side_effect=lambda: time.sleep(0.1)):
+                mock.patch.object(engine, "import_torch_lazy_modules", side_effect=lambda: time.sleep(IMPORTS)):
             index, seconds, result = engine._run_job(("t", 3, {"n": 0}, 2, "nap", {}))
             self.assertEqual((index, result), (3, {"metrics": {"m": 2.0}}))
-            self.assertGreaterEqual(seconds, 0.02)
-            self.assertLess(seconds, 0.1)  # the 0.1 s of imports before the clock are not in it
+            self.assertGreaterEqual(seconds, NAP)
+            self.assertLess(seconds, IMPORTS)  # the imports before the clock are not in it
             for jobs in (1, 2):  # in this process, and in forked workers
                 lines = []
                 totals = engine.run_experiments(["t"], 2, jobs, lambda *args: None, report=lines.append,
                                                      table=table)
                 with self.subTest(jobs=jobs):
                     self.assertEqual(len(lines), 4)
-                    self.assertGreaterEqual(totals["t"], 4 * 0.02)
-                    self.assertLess(totals["t"], 4 * 0.02 + 0.25)  # with the imports it would exceed 4 x 0.12
+                    self.assertGreaterEqual(totals["t"], 4 * NAP)
+                    # with the imports the four runs would take at least 4 x (NAP + IMPORTS) = 0.24 s
+                    self.assertLess(totals["t"], 4 * NAP + 0.12)
 
 
 def _die_by_sigkill():
