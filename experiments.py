@@ -22,8 +22,8 @@ bytes.
 
 A claim is a test over the per-seed results: a property counted over seeds ("count": holds when
 enough seeds show it), a paired difference between configurations that share seeds ("greater": holds
-when enough seeds agree in sign and the 95% t-interval of the mean difference excludes 0; does not hold
-when the same is true the other way; within noise otherwise), an equivalence ("within": the interval
+when the 95% t-interval of the mean difference is above 0, does not hold when it is below 0, within
+noise otherwise; how many seeds are above 0 is shown beside it), an equivalence ("within": the interval
 lies inside +-margin), or an exact identity computed without seeds ("exact"). It is of one of two kinds:
 a `Claim`, an RL effect that could come out either way (the headline counts these), or a `Check`, an
 identity or a property of the code whose answer is known. A run that never reached a target counts at

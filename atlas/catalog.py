@@ -145,9 +145,9 @@ def _reduction_length_bias():
         claims=[
             Claim("Under the sequence mean, wrong answers are longer than under the token mean (their exact "
                   "expected length, last 10 iterations)",
-                  difference("exact_wrong_length", sequence, token), "greater", 0.8, note=note),
+                  difference("exact_wrong_length", sequence, token), "greater", note=note),
             Claim("... and longer than under the constant (Dr. GRPO's fix)",
-                  difference("exact_wrong_length", sequence, constant), "greater", 0.8),
+                  difference("exact_wrong_length", sequence, constant), "greater"),
         ],
         figure={"panels": [
             {"kind": "curves", "columns": ["exact_wrong_length"], "title": "expected length of a wrong answer, exact",
@@ -200,24 +200,24 @@ def _std_scaling():
                   f"{weight['group']:.3f} of 4 of 8 with the std, {weight['none']:.4f} without (exact)",
                   lambda _: weight["group"] > weight["none"], "exact"),
             Claim("With the KL penalty (beta 0.02), the group std ends higher on the hard prompts than no std",
-                  gap_on, "greater", 0.8),
+                  gap_on, "greater"),
             Claim("The easy prompts (0 and 1) show the gap too: with beta 0.02, the group std ends higher on them "
                   "than no std", difference("easy_success_final", name("group", 0.02), name("none", 0.02)),
-                  "greater", 0.8,
+                  "greater",
                   note="The gap is not specific to hard prompts: the std's weighting by difficulty is not what makes "
                        "it."),
             Claim("The std's larger weight on rare successes speeds up the hard prompts early: hard-prompt success at "
                   "iteration 10, group minus none, above 0",
-                  difference("hard_success_step_10", name("group", 0.02), name("none", 0.02)), "greater", 0.8,
+                  difference("hard_success_step_10", name("group", 0.02), name("none", 0.02)), "greater",
                   note="The amplification is exact in the weights; this asks whether the hard prompts learn faster "
                        "with it early."),
             Check("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
                   gap_off, "within", margin=0.01),
             Claim("So the KL penalty makes the gap: (group - none) with beta 0.02 exceeds (group - none) with beta 0",
-                  lambda runs: gap_on(runs) - gap_off(runs), "greater", 0.8),
+                  lambda runs: gap_on(runs) - gap_off(runs), "greater"),
             Claim(f"The effective beta: no std at beta {matched:g} ends higher on the hard prompts than no std at "
                   "beta 0.02", difference("hard_success_final", name("none", matched), name("none", 0.02)),
-                  "greater", 0.8),
+                  "greater"),
             Claim("... and within 0.01 of the group std at beta 0.02: a smaller beta does what the std does",
                   difference("hard_success_final", name("group", 0.02), name("none", matched)), "within",
                   margin=0.01,
@@ -278,7 +278,7 @@ def _zero_variance():
             Check("Dynamic sampling (G = 8) cuts the share of tied groups below half of static G = 8's",
                   lambda runs: runs[dynamic]["zero_group_fraction"] < 0.5 * runs[static[2]]["zero_group_fraction"]),
             Claim("... at the price of samples: it needs more sampled tokens to reach 0.9 than static G = 8",
-                  difference("tokens_to_0.9", dynamic, static[2]), "greater", 0.8,
+                  difference("tokens_to_0.9", dynamic, static[2]), "greater",
                   note="Here the groups tie mostly once the task is learned, so filtering them buys little per "
                        "sampled token."),
         ],
@@ -337,7 +337,7 @@ def _clip_higher():
         curves=curve,
         claims=[
             Claim("Raising eps_high from 0.2 to 0.28 (8 updates per batch) ends with a higher entropy",
-                  difference("entropy_last", at[8][1], at[8][0]), "greater", 0.8,
+                  difference("entropy_last", at[8][1], at[8][0]), "greater",
                   note="Not visible on the table policy, whose task has one right answer per prompt: collapsing onto "
                        "it is the goal. The transformer experiment clip-higher-entropy tests it."),
             Claim("At 8 updates per batch, some runs end with a prompt stuck on a partial-credit answer (success "
@@ -360,7 +360,7 @@ def _clip_higher():
                        "itself made the prompts stick, they would stick here too."),
             Claim(f"The cause kept, the reuse cut: 2 updates at four times the learning rate ({4 * LEARNING_RATE:g}) "
                   "end with more stuck prompts than 2 updates at the default rate (GRPO, eps_high 0.2)",
-                  difference("stuck_prompts", fast, at[2][0]), "greater", 0.5,
+                  difference("stuck_prompts", fast, at[2][0]), "greater",
                   note="A paired count per seed, most of it 0 or 1: half of the seeds above 0 is asked, not 0.8, "
                        "since a count of 0 or 1 stuck prompt cannot rise in every seed; the interval decides."),
         ],
@@ -393,7 +393,7 @@ def _updates_per_batch():
     def falls(algorithm):
         return Claim(f"{algorithm.upper()}: the final success at 8 updates per batch is below that at 1",
                      difference("final_success_probability", name(algorithm, 1), name(algorithm, 8)),
-                     "greater", 0.8)
+                     "greater")
 
     slow, fast = (name("grpo", updates, rate) for updates, rate in rates)
     return Experiment(
@@ -422,15 +422,15 @@ def _updates_per_batch():
                   note="CISPO caps the weight instead of zeroing the gradient: its clip_fraction is 0 by definition."),
             falls("grpo"), falls("cispo"), falls("gspo"),
             Claim("GRPO reaches exact success 0.9 in fewer iterations at 8 updates per batch than at 1",
-                  difference("iterations_to_0.9", name("grpo", 1), name("grpo", 8)), "greater", 0.8),
+                  difference("iterations_to_0.9", name("grpo", 1), name("grpo", 8)), "greater"),
             Claim(f"The move cut, the reuse kept: GRPO at 8 updates and an eighth of the learning rate "
                   f"({LEARNING_RATE / 8:g}) ends higher than at 8 updates and the default rate",
-                  difference("final_success_probability", slow, name("grpo", 8)), "greater", 0.8,
+                  difference("final_success_probability", slow, name("grpo", 8)), "greater",
                   note="If the reuse itself cost success, a smaller rate at the same 8 steps per batch would not "
                        "give it back."),
             Claim(f"The move kept, the reuse cut: GRPO at 2 updates and four times the learning rate "
                   f"({4 * LEARNING_RATE:g}) ends below 1 update at the default rate",
-                  difference("final_success_probability", name("grpo", 1), fast), "greater", 0.8),
+                  difference("final_success_probability", name("grpo", 1), fast), "greater"),
         ],
         figure={"color_by": ["algorithm"], "panels": [
             {"kind": "sweep", "x": "updates_per_batch", "metric": "final_success_probability",
@@ -498,14 +498,14 @@ def _sampler_mismatch():
                   lambda runs: runs[top]["gradient_bias"] > 0.5 and runs[top]["gradient_bias_tis"]
                   > 0.9 * runs[top]["gradient_bias"]),
             Claim("With the KL penalty on (beta 0.02), TIS lowers the final success at temperature 1.5",
-                  loss_on, "greater", 0.8,
+                  loss_on, "greater",
                   note="A correction of the gradient that costs final success: the k3 term keeps its uncorrected "
                        "weights while the policy term is reweighted, so the two no longer balance where they did "
                        "on-policy."),
             Check("With the KL penalty off, TIS and no TIS end within 0.01 of each other at temperature 1.5",
                   loss_off, "within", margin=0.01),
             Claim("So the KL term makes the loss: (no TIS - TIS) with beta 0.02 exceeds it with beta 0",
-                  lambda runs: loss_on(runs) - loss_off(runs), "greater", 0.8),
+                  lambda runs: loss_on(runs) - loss_off(runs), "greater"),
         ],
         figure={"color_by": ["sampler"], "panels": [
             {"kind": "values", "metrics": ["gradient_bias", "gradient_bias_tis"], "where": {"beta": 0.02, "tis": False},
@@ -579,7 +579,7 @@ def _grpo2_vs_dpo():
         curves=("success_probability",),
         claims=[
             Claim("With its KL penalty (beta 0.02), GRPO with G = 2 ends below online DPO",
-                  difference("final_success_probability", dpo2, grpo2), "greater", 0.8),
+                  difference("final_success_probability", dpo2, grpo2), "greater"),
             Claim("With GRPO's KL penalty off, GRPO with G = 2 and online DPO end within 0.01 of each other",
                   difference("final_success_probability", dpo2, grpo2_off), "within", margin=0.01,
                   note="A claim, not a check: the two updates share their direction on a pair, not their size "
@@ -587,11 +587,11 @@ def _grpo2_vs_dpo():
                        "its KL never reaches 0.9 and ends 0.165 below DPO, where the other 39 committed seeds end "
                        "within 0.005."),
             Claim("GRPO with G = 2 needs more sampled tokens to reach 0.9 than GRPO with G = 8",
-                  difference("tokens_to_0.9", grpo2, grpo8), "greater", 0.8,
+                  difference("tokens_to_0.9", grpo2, grpo8), "greater",
                   note="The paper's claim is the equivalence of the updates, not a sample cost; this is the atlas's "
                        "first edition's reading, kept so that its verdict on other seeds can be compared."),
             Claim("Online DPO (G = 2) needs more sampled tokens to reach 0.9 than GRPO with G = 8",
-                  difference("tokens_to_0.9", dpo2, grpo8), "greater", 0.8),
+                  difference("tokens_to_0.9", dpo2, grpo8), "greater"),
         ],
         figure={"color_by": ["algorithm", "group_size"], "panels": [
             {"kind": "curves", "columns": ["success_probability"], "x": "total_tokens_sampled",
@@ -748,7 +748,7 @@ def _chain_lambda():
         curves=("expected_return",),
         claims=[
             Claim("lambda 0 starts slower: J at step 5 is below lambda 0.95's",
-                  difference("expected_return_step_5", names[0.95], names[0.0]), "greater", 0.8),
+                  difference("expected_return_step_5", names[0.95], names[0.0]), "greater"),
             Claim("lambda 0 still learns the delayed reward: final J above 0.99",
                   lambda runs: runs[names[0.0]]["final_expected_return"] > 0.99),
             Check("... and catches up: final J within 0.005 of lambda 0.95's",
@@ -790,7 +790,7 @@ def _reward_shift():
                   lambda runs: abs(runs[names["ppo", 5.0]]["advantage_change"] - 5.0) < 1e-12),
             Claim("... and PPO learns slower with the shift: best-action probability at step 5 lower",
                   difference("best_action_probability_step_5", names["ppo", 0.0], names["ppo", 5.0]),
-                  "greater", 0.8),
+                  "greater"),
         ],
         figure={"color_by": ["algorithm"], "panels": [
             {"kind": "curves", "columns": ["best_action_probability"], "where": {"algorithm": "grpo"},
@@ -830,13 +830,13 @@ def _sparse_reward():
                   lambda runs: all(runs[name("sparse", size)]["actions_to_0.9"] is not None for size in sizes),
                   at_least=MOST_RUNS),
             Claim("At G = 2, sparse rewards tie more groups over the run than dense ones",
-                  difference("zero_group_fraction", name("sparse", 2), name("dense", 2)), "greater", 0.8),
+                  difference("zero_group_fraction", name("sparse", 2), name("dense", 2)), "greater"),
             Claim("At G = 16 too",
-                  difference("zero_group_fraction", name("sparse", 16), name("dense", 16)), "greater", 0.8,
+                  difference("zero_group_fraction", name("sparse", 16), name("dense", 16)), "greater",
                   note="Most ties come once the policy is good, and those do not depend on the other actions' "
                        "rewards: a large group rarely ties early, dense or sparse."),
             Claim("Sparse rewards cost more sampled actions to reach 0.9 than dense ones at G = 8",
-                  difference("actions_to_0.9", name("sparse", 8), name("dense", 8)), "greater", 0.8,
+                  difference("actions_to_0.9", name("sparse", 8), name("dense", 8)), "greater",
                   note="The field's intuition. On this bandit the best action's advantage is the largest in its "
                        "group either way, so the sparse table teaches the same thing."),
         ],
@@ -941,15 +941,15 @@ def _passk_narrowing():
         claims=[
             Claim("RL raises pass@1 on the test prompts above the SFT start",
                   lambda runs: change["pass@1"](runs, default),
-                  "greater", 0.8),
+                  "greater"),
             Claim("RL lowers pass@64 on the test prompts below the SFT start",
-                  lambda runs: _negated(change["pass@64"](runs, default)), "greater", 0.8),
+                  lambda runs: _negated(change["pass@64"](runs, default)), "greater"),
             Claim("Together with it, the entropy per sampled token and the distinct correct answers per test prompt "
                   "both fall", lambda runs: _both_negative(change["entropy_per_token"](runs, default),
                                                       change["distinct_correct_per_prompt"](runs, default))),
             Claim("The ablation: with beta 0.2 pass@64 falls less than with beta 0.02",
                   lambda runs: _minus(change["pass@64"](runs, strong), change["pass@64"](runs, default)),
-                  "greater", 0.8,
+                  "greater",
                   note="The stronger penalty changes pass@64 and pass@1 together (a smaller gain in pass@1); "
                        "whether it keeps pass@64 through the entropy or the distinct answers is not tested here."),
         ],
@@ -993,12 +993,12 @@ def _rl_generalization():
                  "final_test_success_probability", "generalization_gap"],
         curves=("success_probability", "test_success_probability"),
         claims=[
-            Claim("The exact success on unseen test prompts rises", lambda runs: gains(runs)[1], "greater", 0.8),
+            Claim("The exact success on unseen test prompts rises", lambda runs: gains(runs)[1], "greater"),
             Claim("It rises by at least half the gain on the training prompts",
                   lambda runs: gains(runs)[1] >= 0.5 * gains(runs)[0], at_least=0.8),
             Claim("A generalization gap opens: train minus test success is larger at the end than at the start",
                   lambda runs: runs[run]["generalization_gap"] - runs[run]["initial_generalization_gap"],
-                  "greater", 0.8),
+                  "greater"),
         ],
         color_by=["run"], panels=[
             {"kind": "curves", "columns": ["success_probability"], "title": "exact success, train prompts",
@@ -1034,11 +1034,11 @@ def _clip_higher_entropy():
             Check("The mechanism is at work: the clip zeroes some gradients at eps_high 0.2 (mean clip fraction "
                   "above 0.005)", lambda runs: runs[low]["clip_fraction"] > 0.005),
             Claim("eps_high 0.28 ends with a higher entropy than 0.2", difference("entropy_last", high, low),
-                  "greater", 0.8),
+                  "greater"),
             Claim("eps_high 0.28 ends with a higher test pass@16 than 0.2",
-                  difference("test_pass@16_after", high, low), "greater", 0.8),
+                  difference("test_pass@16_after", high, low), "greater"),
             Claim("CISPO ends with a higher entropy than GRPO at eps_high 0.2", difference("entropy_last", cispo, low),
-                  "greater", 0.8),
+                  "greater"),
         ],
         color_by=["loss", "epsilon_high"], panels=[
             "entropy",
@@ -1078,11 +1078,11 @@ def _length_growth():
         curves=("mean_wrong_length", "mean_correct_length"),
         claims=[
             Claim("Wrong answers end longer under the sequence mean than under the token mean",
-                  difference("mean_wrong_length_tail", sequence, token), "greater", 0.8),
+                  difference("mean_wrong_length_tail", sequence, token), "greater"),
             Claim("Wrong answers end longer under the sequence mean than under the constant",
-                  difference("mean_wrong_length_tail", sequence, constant), "greater", 0.8),
+                  difference("mean_wrong_length_tail", sequence, constant), "greater"),
             Claim("The overlong penalty (cache 2) shortens wrong answers under the sequence mean",
-                  difference("mean_wrong_length_tail", sequence, shaped), "greater", 0.8),
+                  difference("mean_wrong_length_tail", sequence, shaped), "greater"),
         ],
         color_by=["reduction", "overlong"], panels=[
             {"kind": "curves", "columns": ["mean_wrong_length"], "title": "length of the wrong answers of each batch",
@@ -1185,32 +1185,32 @@ def _kl_placement():
         curves=("kl_reference",),
         claims=[
             Claim("k3 in the loss (beta 0.02) keeps the policy closer to the reference than no KL",
-                  difference("kl_reference", none, k3), "greater", 0.8),
+                  difference("kl_reference", none, k3), "greater"),
             Claim("k1 in the loss ends as far from the reference as no KL (within 0.3 nats)",
                   difference("kl_reference", k1_loss, none), "within", margin=0.3,
                   note="On one draw from the current policy E[grad k1] = 0; under the sequence mean the weight "
                        "1/|y| depends on the length, so it is near 0 rather than exactly 0, and mostly its noise "
                        "acts."),
             Claim("k1 in the reward (beta 0.02) keeps the policy closer to the reference than no KL", pull, "greater",
-                  0.8, note="How far it holds the policy; why is the ablation without the std below."),
+                  note="How far it holds the policy; why is the ablation without the std below."),
             Claim("The ablation: k3 in the loss at beta 0.2 keeps the policy closer to the reference than no KL",
-                  difference("kl_reference", none, k3_strong), "greater", 0.8,
+                  difference("kl_reference", none, k3_strong), "greater",
                   note="If it holds where beta 0.02 does not, the loss term's weight was too small to show, not "
                        "its direction wrong."),
             Claim("With the group's std, k1 in the reward ends nearer the reference than k3 in the loss (both beta "
-                  "0.02)", gap, "greater", 0.8),
+                  "0.02)", gap, "greater"),
             Claim("The ablation of the std: without it, that gap (KL of k3 in the loss minus KL of k1 in the reward) "
-                  "shrinks", _shrinkage(gap, gap_bare), "greater", 0.8,
+                  "shrinks", _shrinkage(gap, gap_bare), "greater",
                   note="The value is the gap with the std minus the gap without it, per seed. If it does not hold, the "
                        "division by the std is not what makes the reward placement pull harder."),
             Claim("Without the std, more than half of that gap vanishes", _shrinkage(gap, gap_bare, share=0.5),
-                  "greater", 0.8, note="The value is half the gap with the std minus the gap without it, per seed."),
+                  "greater", note="The value is half the gap with the std minus the gap without it, per seed."),
             Claim("Without the std, the pull of k1 in the reward (no KL minus k1 in the reward) is smaller than with "
-                  "it", _shrinkage(pull, pull_bare), "greater", 0.8,
+                  "it", _shrinkage(pull, pull_bare), "greater",
                   note="Each pull is measured against the run with no KL at the same scaling, so whatever the std "
                        "does to the verifier's part of the reward alone cancels."),
             Claim("Without the std, k1 in the reward still keeps the policy closer to the reference than no KL",
-                  pull_bare, "greater", 0.8,
+                  pull_bare, "greater",
                   note="A run outside the atlas measured this pull at 0.17 nats, not significant; kept to say how "
                        "much of the pull survives without the division."),
         ],
@@ -1254,7 +1254,7 @@ def _padding_bug():
             Check("With arange positions it does not: the largest |difference| in the first batch exceeds 0.01 nats",
                   lambda runs: runs[bug]["first_batch_logp_diff_max"] > 0.01),
             Claim("The bug costs test success at the end", difference("final_test_success_probability", right, bug),
-                  "greater", 0.8),
+                  "greater"),
         ],
         color_by=["position_ids"], panels=[
             {"kind": "values", "metrics": ["first_batch_logp_diff_max"], "title": "largest |log p sampler - log p "
@@ -1388,31 +1388,31 @@ def _entropy_mechanism():
                   "iterations (more than half) under GRPO",
                   lambda runs: runs[grpo]["covariance_sign_agreement"] > 0.5, at_least=0.8),
             Claim("... and correlate over the iterations (Pearson's r above 0)",
-                  lambda runs: runs[grpo]["covariance_correlation"], "greater", 0.8),
+                  lambda runs: runs[grpo]["covariance_correlation"], "greater"),
             Check("The first-order change of the update Adam made tracks the measured change (r above 0.9, every "
                   "seed): the expansion holds at this step size",
                   lambda runs: runs[grpo]["first_order_change_correlation"] > 0.9),
             Claim("Of the two closed forms the plain-gradient one, -Cov(log pi, pi A), correlates better with the "
                   "measured change than the paper's natural-gradient one",
                   lambda runs: runs[grpo]["covariance_pg_correlation"] - runs[grpo]["covariance_correlation"],
-                  "greater", 0.8,
+                  "greater",
                   note="Adam's step is neither lr pi A nor lr A; the claim asks which form it resembles here."),
             Claim("Clip-Cov lowers the covariance term against GRPO (Cov(log pi, A), mean over the run)",
-                  difference("covariance_mean", grpo, clip_cov), "greater", 0.8),
+                  difference("covariance_mean", grpo, clip_cov), "greater"),
             Claim("KL-Cov lowers the covariance term against GRPO",
-                  difference("covariance_mean", grpo, kl_cov), "greater", 0.8),
+                  difference("covariance_mean", grpo, kl_cov), "greater"),
             Claim("Clip-Cov slows the entropy's fall: a higher batch entropy averaged over the run than GRPO",
-                  difference("entropy_mean", clip_cov, grpo), "greater", 0.8),
+                  difference("entropy_mean", clip_cov, grpo), "greater"),
             Claim("KL-Cov slows the entropy's fall against GRPO", difference("entropy_mean", kl_cov, grpo),
-                  "greater", 0.8),
+                  "greater"),
             Claim("Clip-higher (eps_high 0.28) slows the entropy's fall against GRPO",
-                  difference("entropy_mean", high, grpo), "greater", 0.8,
+                  difference("entropy_mean", high, grpo), "greater",
                   note="It can only act where the clip binds: clip_fraction in the table says how often it does."),
             Claim("The ablation, the cause removed: cutting the gradient of 20% of the tokens, all of positive "
                   "covariance, keeps more entropy than GRPO (it must not lose it faster)",
-                  difference("entropy_mean", cut_positive, grpo), "greater", 0.8),
+                  difference("entropy_mean", cut_positive, grpo), "greater"),
             Claim("... and more than cutting as many tokens at random (the cause kept)",
-                  difference("entropy_mean", cut_positive, cut_random), "greater", 0.8,
+                  difference("entropy_mean", cut_positive, cut_random), "greater",
                   note="If cutting any 20% of the gradient slowed the fall as much, the covariance would not be "
                        "what sets it."),
         ],
@@ -1479,7 +1479,7 @@ def _dpo_displacement():
                   note="A property of the pairs (a check of --dpo-rejected), not an RL effect."),
             Claim("The stated cause, removed: pairs that differ in more tokens displace less (the chosen log-prob "
                   "change, farthest minus nearest, above 0)",
-                  difference("chosen_logp_change_tail", farthest, nearest), "greater", 0.8,
+                  difference("chosen_logp_change_tail", farthest, nearest), "greater",
                   note="The paper measures similarity on hidden embeddings; the lab's proxy is the count of "
                        "differing tokens. The farther pairs also gain the larger margin (margin_tail in the table): "
                        "this ablation does not hold fixed how far DPO moves a pair, and a claim per nat of margin "
@@ -1548,21 +1548,21 @@ def _negative_samples():
         curves=("test_success_probability", "entropy"),
         claims=[
             Claim("PSR raises pass@1 on the test prompts above the SFT start",
-                  lambda runs: change["pass@1"](runs, positive), "greater", 0.8),
+                  lambda runs: change["pass@1"](runs, positive), "greater"),
             Claim("PSR lowers pass@16 on the test prompts below the SFT start",
-                  lambda runs: _negated(change["pass@16"](runs, positive)), "greater", 0.8),
+                  lambda runs: _negated(change["pass@16"](runs, positive)), "greater"),
             Claim("NSR keeps pass@16 at or above the SFT start, in most seeds",
                   lambda runs: _at_least_zero(change["pass@16"](runs, negative)), at_least=0.8),
             Claim("NSR raises pass@1 above the SFT start too", lambda runs: change["pass@1"](runs, negative),
-                  "greater", 0.8),
+                  "greater"),
             Claim("Both signs together (the default) raise pass@1 above the SFT start",
-                  lambda runs: change["pass@1"](runs, both), "greater", 0.8),
+                  lambda runs: change["pass@1"](runs, both), "greater"),
             Claim("NSR ends with a higher pass@16 than PSR (KL beta 0.02)", lambda runs: gap(runs, 0.02),
-                  "greater", 0.8),
+                  "greater"),
             Claim("Together with it, NSR ends with a higher entropy per sampled token and more distinct correct "
                   "answers per test prompt than PSR", more_diverse, at_least=0.8),
             Claim("The ablation: at KL beta 1 NSR's pass@16 advantage over PSR shrinks (the gap at beta 0.02 minus "
-                  "the gap at beta 1, above 0)", lambda runs: _minus(gap(runs, 0.02), gap(runs, 1.0)), "greater", 0.8,
+                  "the gap at beta 1, above 0)", lambda runs: _minus(gap(runs, 0.02), gap(runs, 1.0)), "greater",
                   note="A strong KL penalty holds both near the SFT start, so neither can move the mass; if the "
                        "gap does not shrink, it is not NSR's movement that makes it."),
         ],
@@ -1623,18 +1623,18 @@ def _spurious_rewards():
             Check("The clip acts at eps 0.2 (mean clip fraction above 0.001) and never with the clip off (0)",
                   lambda runs: runs[clip]["clip_fraction"] > 0.001 and runs[free]["clip_fraction"] == 0.0),
             Claim("Under the clip, the SFT start's most frequent answer pattern grows (share after minus before)",
-                  lambda runs: runs[clip]["pattern_share_change"], "greater", 0.8),
+                  lambda runs: runs[clip]["pattern_share_change"], "greater"),
             Claim("The ablation: without the clip it grows less than with it (change with the clip minus without)",
-                  difference("pattern_share_change", clip, free), "greater", 0.8,
+                  difference("pattern_share_change", clip, free), "greater",
                   note="The test of the clipping-bias explanation: it fails if the noise alone moves the pattern "
                        "as much without the clip."),
             Claim("Without the clip the pattern does not grow (share change at most 0)",
                   lambda runs: runs[free]["pattern_share_change"] <= 0.0, at_least=0.8),
             Claim("CISPO, which zeroes no token's gradient, grows it less than the clip does",
-                  difference("pattern_share_change", clip, cispo), "greater", 0.8),
+                  difference("pattern_share_change", clip, cispo), "greater"),
             Claim("Random rewards lower the exact test success under the clip (start minus end)",
                   lambda runs: runs[clip]["initial_test_success_probability"]
-                  - runs[clip]["final_test_success_probability"], "greater", 0.8,
+                  - runs[clip]["final_test_success_probability"], "greater",
                   note="The paper's models gained from random rewards because the pattern the clip amplified "
                        "(code reasoning in Qwen2.5-Math) was already a good one; here nothing ties the pattern to "
                        "correct answers."),
@@ -1697,12 +1697,12 @@ def _reward_hacking():
                   note="The ablation of the loophole: without it the proxy is the true reward, and the gap is 0 "
                        "by construction."),
             Claim("Without a KL penalty the gap widens over the run: proxy minus true reward, last 10 iterations "
-                  "minus first 10", lambda runs: runs[free]["reward_gap_growth"], "greater", 0.8),
-            Claim("... and with beta 0.2 too", lambda runs: runs[held]["reward_gap_growth"], "greater", 0.8),
+                  "minus first 10", lambda runs: runs[free]["reward_gap_growth"], "greater"),
+            Claim("... and with beta 0.2 too", lambda runs: runs[held]["reward_gap_growth"], "greater"),
             Claim("The control works: beta 0.2 ends nearer the reference (KL of the last 10 iterations, beta 0 "
-                  "minus 0.2)", difference("kl_tail", free, held), "greater", 0.8),
+                  "minus 0.2)", difference("kl_tail", free, held), "greater"),
             Claim("A stronger KL penalty keeps the gap smaller: the last 10 iterations' gap, beta 0 minus beta 0.2",
-                  difference("reward_gap_tail", free, held), "greater", 0.8),
+                  difference("reward_gap_tail", free, held), "greater"),
         ],
         color_by=["beta"], panels=[
             {"kind": "curves", "columns": ["proxy_reward_mean", "true_reward_mean"],
@@ -1767,7 +1767,7 @@ def _discover_or_sharpen():
             Claim("With the family absent, its share of the correct answers' probability does not grow by more "
                   f"than {NEAR}", lambda runs: runs[absent]["family_share_change"] <= NEAR, at_least=0.8),
             Claim("With the family rare, RL raises pass@1 on its prompts", change(rare, "family_pass@1"),
-                  "greater", 0.8),
+                  "greater"),
             Claim(f"With the family rare, pass@256 on its prompts ends at most {NEAR} above the start's "
                   "(sharpening, no discovery)", lambda runs: runs[rare]["family_pass@256_change"] <= NEAR,
                   at_least=0.8),
@@ -1776,10 +1776,10 @@ def _discover_or_sharpen():
                   lambda runs: all(runs[c]["gained"] <= MAX_GAINED for c in (absent, rare, common)), at_least=0.8),
             Claim("The ablation, the cause kept: with the family common, pass@1 on its prompts rises more than with "
                   "it rare", lambda runs: runs[common]["family_pass@1_change"] - runs[rare]["family_pass@1_change"],
-                  "greater", 0.8),
+                  "greater"),
             Claim("... and more than with it absent",
                   lambda runs: runs[common]["family_pass@1_change"] - runs[absent]["family_pass@1_change"],
-                  "greater", 0.8,
+                  "greater",
                   note="If RL found answers the start cannot sample, the absent start would gain as much as the "
                        "common one on the family's prompts."),
         ],
@@ -1846,9 +1846,9 @@ def _forgetting():
                   "positive", positive_correlation(grpo), at_least=0.8),
             Claim("... and within RFT", positive_correlation(rft), at_least=0.8),
             Claim("At the matched gain RL moves less: KL(pi_0‖pi) on the RL task, RFT minus GRPO",
-                  difference("kl_at_gain", rft, grpo), "greater", 0.8),
+                  difference("kl_at_gain", rft, grpo), "greater"),
             Claim("At the matched gain RL forgets less: the second skill's NLL rise, RFT minus GRPO",
-                  difference("forgetting_at_gain", rft, grpo), "greater", 0.8),
+                  difference("forgetting_at_gain", rft, grpo), "greater"),
             Claim("The ablation of the cause, across algorithms: the arm with the larger KL at the matched gain "
                   "forgets more, in most seeds", larger_kl_forgets_more, at_least=0.6,
                   note="If forgetting followed the algorithm and not the KL, the arm that moved more would not "
@@ -1939,22 +1939,22 @@ def _r1_zero():
             Claim("The SFT start is right more often when it writes the running results: its test accuracy with "
                   "them minus without, on the same sampled prompts",
                   lambda runs: _minus(runs[useful]["accuracy_partial_start"], runs[useful]["accuracy_direct_start"]),
-                  "greater", 0.8),
-            Claim("Useful: test accuracy rises under RL (end minus start)", change(useful, "accuracy"), "greater", 0.8),
-            Claim("Useful: the mean test response length rises with it", change(useful, "length"), "greater", 0.8),
+                  "greater"),
+            Claim("Useful: test accuracy rises under RL (end minus start)", change(useful, "accuracy"), "greater"),
+            Claim("Useful: the mean test response length rises with it", change(useful, "length"), "greater"),
             Claim("Useful: the share of test responses that write the running results rises",
-                  change(useful, "partial_share"), "greater", 0.8),
+                  change(useful, "partial_share"), "greater"),
             Claim(f"The ablation, useless items: the mean test length does not grow (it ends at most "
                   f"{R1_LENGTH_MARGIN} token above the start)",
                   lambda runs: runs[useless]["length_change"] <= R1_LENGTH_MARGIN, at_least=0.8,
                   note="The sequence-mean loss has a length bias of its own (length-growth): if length grew for "
                        "that reason, it would grow here too."),
             Claim("The useful arm's length grows more than the useless arm's",
-                  difference("length_change", useful, useless), "greater", 0.8),
+                  difference("length_change", useful, useless), "greater"),
             Claim("The overlong penalty keeps responses shorter: final test length, useful minus overlong",
-                  difference("length_end", useful, overlong), "greater", 0.8),
+                  difference("length_end", useful, overlong), "greater"),
             Claim("... and with them the accuracy lower: final test accuracy, useful minus overlong",
-                  difference("accuracy_end", useful, overlong), "greater", 0.8),
+                  difference("accuracy_end", useful, overlong), "greater"),
         ],
         color_by=["arm"], panels=[
             {"kind": "curves", "columns": ["test_accuracy"], "title": "test accuracy (512 samples a point)",

@@ -32,9 +32,10 @@ class Claim:
     test "count":   a bool (the property holds in this seed); the claim holds when at least `at_least` of
                     the seeds (a share, rounded up, at least 1) show it, else does not hold;
     test "greater": a float claimed > 0 (a paired difference), or None when undefined in this seed (a
-                    metric not measured; a target never reached counts at its budget); holds when at
-                    least `at_least` of the defined seeds are > 0 and the 95% t-interval of the mean is
-                    above 0; does not hold when the same is true below 0; within noise otherwise;
+                    metric not measured; a target never reached counts at its budget); holds when the
+                    95% t-interval of the mean over the defined seeds is above 0, does not hold when it
+                    is below 0, within noise otherwise (how many seeds are above 0 is shown, not asked:
+                    see GREATER_RULE);
     test "within":  a float claimed inside +-margin; holds when the 95% interval lies inside it, does not
                     hold when the interval lies wholly outside it, within noise otherwise;
     test "exact":   value(None) is a bool computed without seeds (an identity of a table).
@@ -46,7 +47,7 @@ class Claim:
     text: str
     value: object
     test: str = "count"
-    at_least: float = 1.0
+    at_least: float = 1.0  # test "count" only
     margin: float | None = None
     note: str = ""
     kind = CLAIM  # a class attribute, not a field: the class says the kind
@@ -73,6 +74,14 @@ class AtBudget(float):
 MOST_RUNS = 0.9
 
 
+# A "greater" verdict asks only for its interval. It asked, too, for a share of the seeds above 0 (4 of 5); but a
+# share counted without its uncertainty decides a verdict by a coin flip when the effect's true share of positive
+# seeds sits at the threshold, at any number of seeds: on the seeds from 0, 100 and 700 that was most of the
+# claims whose verdict differed between the sets (the share above 0 pooled over them 0.71-0.85 against 0.80-0.86
+# asked). The 95% interval of the mean controls its error; the seeds above 0 are shown beside it.
+GREATER_RULE = "interval above 0"
+
+
 def required_seeds(share, seeds):
     """How many of `seeds` seeds a share asks for: rounded up, at least 1 (4 of 5 for 0.8)."""
     return max(1, math.ceil(share * seeds - 1e-9))
@@ -84,6 +93,9 @@ def check_claim(claim, by_seed):
     Wilson's interval), and every seed's value."""
     if claim.test not in CLAIM_TESTS:
         raise ValueError(f"test: expected one of {', '.join(CLAIM_TESTS)}, got {claim.test!r}")
+    if claim.test != "count" and claim.at_least != 1.0:
+        raise ValueError(f"at_least: a share of seeds is asked by test 'count' only, got {claim.at_least} for "
+                         f"test {claim.test!r}")
     result = {"claim": claim.text, "kind": claim.kind, "test": claim.test}
     if claim.test == "exact":
         holds = bool(claim.value(None))
@@ -94,7 +106,7 @@ def check_claim(claim, by_seed):
     values = {seed: claim.value(runs) for seed, runs in by_seed.items()}
     defined = {seed: value for seed, value in values.items() if value is not None}
     seeds = len(defined)
-    required = required_seeds(claim.at_least, seeds)
+    required = required_seeds(claim.at_least, seeds) if claim.test == "count" else None
     interval = None
     if claim.test == "count":
         agree = sum(bool(value) for value in defined.values())
@@ -110,10 +122,10 @@ def check_claim(claim, by_seed):
         per_seed = [{"seed": seed, "value": value, "at_budget": isinstance(value, AtBudget)}
                     for seed, value in defined.items()]
         if claim.test == "greater":
-            agree, against = sum(value > 0 for value in numbers), sum(value < 0 for value in numbers)
-            if low is not None and agree >= required and low > 0:
+            agree = sum(value > 0 for value in numbers)
+            if low is not None and low > 0:
                 verdict = HOLDS
-            elif low is not None and against >= required and high < 0:
+            elif low is not None and high < 0:
                 verdict = FAILS
             else:
                 verdict = NOISE
@@ -133,7 +145,7 @@ def check_claim(claim, by_seed):
     elif claim.test == "count":
         needs = "every seed" if required == seeds else f"{required} of {seeds} seeds"
     elif claim.test == "greater":
-        needs = f"{required} of {seeds} above 0, interval above 0"
+        needs = GREATER_RULE
     else:
         needs = f"interval inside +-{claim.margin}"
     return {**result, "verdict": verdict, "needs": needs, "count": count, "agree": agree, "seeds": seeds,
