@@ -908,7 +908,10 @@ class FreshProcess(unittest.TestCase):
             piped = subprocess.Popen([sys.executable, "-B", os.path.join(HERE, "library_map.py")],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
             piped.stdout.close()
-            time.sleep(0.3)  # importing torch takes about a second
+            # inside torch's import (here the signal lands at 0.1-0.2 s and the process ends at 0.26 s, when torch._C
+            # has loaded); at 0.3 s the import was over, and the test timed a whole run, or a SIGINT that numpy's
+            # import swallowed, instead
+            time.sleep(0.1)
             starting.send_signal(signal.SIGINT)
             _, stderr = starting.communicate(timeout=60)
             # while torch loads, Python's own KeyboardInterrupt (a traceback is acceptable) or, where the import
