@@ -725,8 +725,8 @@ def atlas_sets(root):
     sets = []
     for folder in [ATLAS] + held_out:
         rows = engine.atlas_rows(os.path.join(root, folder))
-        sets.append((", ".join(map(str, sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")}))),
-                     rows))
+        starts = sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")})
+        sets.append((", ".join(map(str, starts)), rows))
     return sets
 
 

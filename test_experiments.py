@@ -272,7 +272,8 @@ class Verdicts(unittest.TestCase):
         # 7 of 10 above 0, the interval above 0: holds. The seeds above 0 are shown, not asked: a share asked of
         # them (8 of 10) would decide by a coin flip wherever an effect's true share of positive seeds sits at it
         most = self.verdict([0.3] * 7 + [-0.01] * 3, test="greater")
-        self.assertEqual((most["verdict"], most["count"], most["needs"]), ("holds", "7 of 10 seeds", "interval above 0"))
+        self.assertEqual((most["verdict"], most["count"], most["needs"]),
+                         ("holds", "7 of 10 seeds", "interval above 0"))
         self.assertGreater(most["interval"][0], 0)
         self.assertIsNone(most["required"])
         with self.assertRaisesRegex(ValueError, "^at_least: "):  # a share of seeds is a count's, never a greater's
