@@ -23,11 +23,13 @@ bytes.
 A claim is a test over the per-seed results: a property counted over seeds ("count": holds when
 enough seeds show it), a paired difference between configurations that share seeds ("greater": holds
 when the 95% t-interval of the mean difference is above 0, does not hold when it is below 0, within
-noise otherwise; how many seeds are above 0 is shown beside it), an equivalence ("within": the interval
-lies inside +-margin), or an exact identity computed without seeds ("exact"). It is of one of two kinds:
-a `Claim`, an RL effect that could come out either way (the headline counts these), or a `Check`, an
-identity or a property of the code whose answer is known. A run that never reached a target counts at
-its budget (its last iteration, or the tokens or actions it sampled): no seed is dropped for it.
+noise otherwise; how many seeds are above 0 is shown beside it), an equivalence ("within": holds when
+the interval lies inside +-margin, does not hold when it lies wholly outside, within noise otherwise),
+or an exact identity computed without seeds ("exact"). A difference or an equivalence with fewer than 2
+seeds that have a value has no interval: within noise. It is of one of two kinds: a `Claim`, an RL
+effect that could come out either way (the headline counts these), or a `Check`, an identity or a
+property of the code whose answer is known. A run that never reached a target counts at its budget
+(its last iteration, or the tokens or actions it sampled): no seed is dropped for it.
 
 The atlas lives in the package atlas/, one concern per module: stats (t and Wilson intervals,
 paired comparisons), claims (claims and their verdicts), exact (exact enumeration of a table policy),

@@ -308,6 +308,7 @@ class Verdicts(unittest.TestCase):
                 verdict = self.verdict([None, None, None], test=test, margin=margin)
                 self.assertEqual((verdict["seeds"], verdict["undefined"]), (0, 3))
                 self.assertEqual(verdict["needs"], "a seed with a value, and none has one")
+                self.assertEqual(verdict["verdict"], "within noise")  # a count too: nothing shows it fails
                 self.assertTrue(claims.count_text(verdict).endswith("(3 left out: no value)"))
 
     def test_an_exact_claim_and_the_atlas_table(self):

@@ -30,7 +30,8 @@ class Claim:
     """A claim as a check. `value(runs)` gets one seed's results, {configuration: metrics}, and returns:
 
     test "count":   a bool (the property holds in this seed); the claim holds when at least `at_least` of
-                    the seeds (a share, rounded up, at least 1) show it, else does not hold;
+                    the seeds (a share, rounded up, at least 1) show it, else does not hold (within
+                    noise when no seed has a value);
     test "greater": a float claimed > 0 (a paired difference), or None when undefined in this seed (a
                     metric not measured; a target never reached counts at its budget); holds when the
                     95% t-interval of the mean over the defined seeds is above 0, does not hold when it
@@ -110,7 +111,7 @@ def check_claim(claim, by_seed):
     interval = None
     if claim.test == "count":
         agree = sum(bool(value) for value in defined.values())
-        verdict = HOLDS if agree >= required else FAILS
+        verdict = NOISE if not seeds else HOLDS if agree >= required else FAILS  # no seed: no verdict either way
         mean = agree / seeds if seeds else None
         low, high = wilson_interval(agree, seeds)
         interval = None if low is None else [low, high]

@@ -311,7 +311,9 @@ def summary_markdown(experiment, seeds, summary_rows, verdicts):
     if notes:
         lines += [""] + notes
     header = ["configuration", "seeds"] + experiment.metrics
-    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["", "Each configuration's metrics over its seeds: mean +- standard deviation [lowest, highest] (a spread, "
+              "not an interval).", "",
+              "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for row in summary_rows:
         cells = [row["configuration"], str(row["seeds"])]
         for metric in experiment.metrics:
