@@ -270,7 +270,7 @@ class Verdicts(unittest.TestCase):
         one = self.verdict([0.3], test="greater")  # a single seed has no interval: never a verdict either way
         self.assertEqual((one["verdict"], one["interval"]), ("within noise", None))
         # 7 of 10 above 0, the interval above 0: holds. The seeds above 0 are shown, not asked: a share asked of
-        # them (8 of 10) would decide by a coin flip wherever an effect's true share of positive seeds sits at it
+        # them (8 of 10) would leave the verdict to chance wherever an effect's true share of positive seeds sits at it
         most = self.verdict([0.3] * 7 + [-0.01] * 3, test="greater")
         self.assertEqual((most["verdict"], most["count"], most["needs"]),
                          ("holds", "7 of 10 seeds", "interval above 0"))
