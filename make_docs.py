@@ -725,8 +725,7 @@ def atlas_sets(root):
     sets = []
     for folder in [ATLAS] + held_out:
         rows = engine.atlas_rows(os.path.join(root, folder))
-        starts = sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")})
-        sets.append((", ".join(map(str, starts)), rows))
+        sets.append((engine.first_seeds(rows), rows))
     return sets
 
 

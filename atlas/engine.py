@@ -450,11 +450,16 @@ def _verdicts_of(rows):
     return {(name, verdict["claim"]): verdict for name, settings in rows for verdict in settings.get("claims", [])}
 
 
+def first_seeds(rows):
+    """"100": the seed set of an atlas folder's `atlas_rows`, by its first seed (the experiments run different
+    numbers of seeds from it); "" when no experiment has seeds."""
+    return ", ".join(map(str, sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")})))
+
+
 def _first_seed_title(title, rows):
-    """"verdict (seeds from 100)": the seed set of an atlas folder, by its first seed (the experiments run
-    different numbers of seeds from it)."""
-    starts = sorted({settings["seeds"][0] for _, settings in rows if settings.get("seeds")})
-    return f"{title} (seeds from {', '.join(map(str, starts))})" if starts else title
+    """"verdict (seeds from 100)": a column's title for the seed set of `rows`."""
+    starts = first_seeds(rows)
+    return f"{title} (seeds from {starts})" if starts else title
 
 
 def sft_starts(selected, seeds=None, seed_start=0):
