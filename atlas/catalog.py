@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from atlas.claims import MOST_RUNS, Check, Claim, difference
-from atlas.exact import kl_optimum_gradient, loophole_table, std_scaling_table
+from atlas.exact import k2_worked_example, kl_optimum_gradient, loophole_table, std_scaling_table
 from online_algorithms import FOUR_ALGORITHMS
 from online_settings import OnlineConfig
 from rl_lab import REDUCTIONS
@@ -73,6 +73,12 @@ ONLINE_CURVE = ("success_probability", "total_tokens_sampled")
 C = configuration_name
 
 
+def _k2_worked_example_holds():
+    mean_k2, kl = k2_worked_example()
+    return (abs(mean_k2 - 0.375 * math.log(2) ** 2) < 1e-12 and abs(kl - 0.25 * math.log(2)) < 1e-12
+            and abs(mean_k2 / kl - 1 - (1.5 * math.log(2) - 1)) < 1e-12 and mean_k2 / kl - 1 > 1e-3)
+
+
 def _kl_estimators():
     near, far = C({"distance": "near"}), C({"distance": "far"})
     both = (near, far)
@@ -93,8 +99,11 @@ def _kl_estimators():
         claims=[
             Check("k1 and k3 are unbiased for KL(pi‖ref): relative bias below 1e-12, near and far",
                   lambda runs: all(abs(runs[c][f"{k}_relative_bias"]) < 1e-12 for c in both for k in ("k1", "k3"))),
-            Check("k2 is biased: relative bias above 1e-3 in size, near and far",
-                  lambda runs: all(abs(runs[c]["k2_relative_bias"]) > 1e-3 for c in both)),
+            Check("k2 is biased: on pi = (1/2, 1/4, 1/4), ref = (1/4, 1/4, 1/2) the atom gives E[k2] = (3/8) ln^2 2 "
+                  "= 0.1802 against KL(pi‖ref) = (1/4) ln 2 = 0.1733, a relative bias of 1.5 ln 2 - 1 = +0.040, as "
+                  "computed by hand (within 1e-12)", lambda _: _k2_worked_example_holds(), "exact",
+                  note="On the random pairs its bias takes either sign and can come near 0 (the first panel): a bias "
+                       "that depends on the pair, which is why the check is the pair computed by hand."),
             Check("As loss terms: E[grad k1] = 0, E[grad k2] = grad KL(pi‖ref), E[grad k3] = grad KL(ref‖pi) "
                   "(relative errors below 1e-12), and E[grad k3] is not grad KL(pi‖ref) (above 1e-3), near and far",
                   lambda runs: all(runs[c]["k1_grad_norm_ratio"] < 1e-12 and runs[c]["k2_grad_error_kl_pi_ref"] < 1e-12
@@ -117,8 +126,12 @@ def _kl_estimators():
              "title": "E[grad k] against grad KL(pi‖ref)", "ylabel": "relative error"},
             {"kind": "values", "metrics": [f"{k}_grad_error_kl_ref_pi" for k in ("k1", "k2", "k3")],
              "title": "E[grad k] against grad KL(ref‖pi)", "ylabel": "relative error"}]},
-        seeds_reason="exact, nothing sampled: each seed draws one pair of categoricals, and 5 pairs show that the "
-                     "identities hold whatever the pair",
+        seeds=40,
+        seeds_reason="exact, nothing sampled: each seed draws one pair of categoricals. The identities hold on any "
+                     "pair; the spread claims are shares of pairs, which 5 pairs left to chance (far from the "
+                     "reference k3 spread less than k1 on 0.44 of 400 pilot pairs, seeds 5000-5399, against the 0.8 "
+                     "asked: 4 of 5 happens on 12% of seed sets); at 40 pairs 32 are asked, and a share of 0.44 "
+                     "reaches it on none (near the reference: 400 of 400)",
         cost=0.01,
     )
 
@@ -211,8 +224,11 @@ def _std_scaling():
                   difference("hard_success_step_10", name("group", 0.02), name("none", 0.02)), "greater",
                   note="The amplification is exact in the weights; this asks whether the hard prompts learn faster "
                        "with it early."),
-            Check("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
-                  gap_off, "within", margin=0.01),
+            Claim("With the KL penalty off, group and no std end within 0.01 of each other on the hard prompts",
+                  gap_off, "within", margin=0.01,
+                  note="A claim, not a check: with the KL off both runs head for 1 and almost always end there, but a "
+                       "run can leave a prompt stuck on a partial answer (seed 1116 of an unseen set ended 0.275 "
+                       "apart), so it can fail for an RL reason."),
             Claim("So the KL penalty makes the gap: (group - none) with beta 0.02 exceeds (group - none) with beta 0",
                   lambda runs: gap_on(runs) - gap_off(runs), "greater"),
             Claim(f"The effective beta: no std at beta {matched:g} ends higher on the hard prompts than no std at "

@@ -2,7 +2,7 @@
 each response and of each reward, expected lengths, the exact policy gradient against the expectation of
 its estimate under a mismatched sampler; the exact per-prompt weight of group std scaling; and the bandit's
 KL-regularized optima checked against their objectives' gradients; the first-order entropy change of a
-softmax under a change of its logits."""
+softmax under a change of its logits; k2's bias on a pair small enough to compute by hand."""
 
 from __future__ import annotations
 
@@ -160,6 +160,15 @@ def policy_gradient_bias(table, responses, temperature, sampler_temperature=None
     expected policy-gradient estimate of a mismatched sampler is from the exact gradient (0 on-policy)."""
     exact, estimated = expected_policy_gradients(table, responses, temperature, sampler_temperature, top_p, tis_cap)
     return ((estimated - exact).norm() / exact.norm()).item()
+
+
+def k2_worked_example():
+    """(E_pi[k2], KL(pi || ref)) in float64 on rl_lab's worked pair pi = (1/2, 1/4, 1/4), ref = (1/4, 1/4, 1/2),
+    from the atom kl_k2: by hand E[k2] = (1/2)(1/2 ln^2 2 + 1/4 ln^2 2) = (3/8) ln^2 2 = 0.1802 and
+    KL = 1/2 ln 2 - 1/4 ln 2 = (1/4) ln 2 = 0.1733, a relative bias of 1.5 ln 2 - 1 = +0.0397."""
+    probs = torch.tensor([0.5, 0.25, 0.25], dtype=DTYPE)
+    logp, ref_logp = probs.log(), torch.tensor([0.25, 0.25, 0.5], dtype=DTYPE).log()
+    return (probs * rl_lab.kl_k2(logp, ref_logp)).sum().item(), (probs * (logp - ref_logp)).sum().item()
 
 
 def std_scaling_table():
