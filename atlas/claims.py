@@ -75,6 +75,11 @@ class AtBudget(float):
 MOST_RUNS = 0.9
 
 
+# The same holds for a threshold on one measured value ("ends at most 0.02 above the start", "correlates
+# positively"): it is a "greater" claim on the distance to the threshold, judged by its interval, never a count
+# of the seeds on the right side. A count is for events: a run reaches a target or gets a prompt stuck, several
+# signs hold together, a random pair orders two estimators.
+#
 # A "greater" verdict asks only for its interval, never a share of the seeds above 0 (4 of 5) as well: a share
 # counted without its uncertainty decides a verdict by chance when the effect's true share of positive seeds sits
 # at the threshold (at a true 0.8, "4 of 5" holds on 74% of seed sets, "16 of 20" on 63%, more seeds tend to a
