@@ -398,6 +398,18 @@ class Verdicts(unittest.TestCase):
         against = claims.check_claim(fewer, reversal)
         self.assertEqual([item["value"] for item in against["per_seed"]], [4, -30, -28, -31, -29])
         self.assertEqual((against["verdict"], against["count"]), ("does not hold", "1 of 5 seeds"))
+
+    def test_runs_with_different_budgets_never_give_a_sign_their_runs_do_not_show(self):
+        # tokens to 0.9: each run's budget is what it sampled, so budgets differ between configurations
+        def seed(a, a_budget, b, b_budget):
+            return {"a": {"tokens_to_0.9": a, "total_tokens_sampled": a_budget},
+                    "b": {"tokens_to_0.9": b, "total_tokens_sampled": b_budget}}
+        value = claims.difference("tokens_to_0.9", "a", "b")
+        self.assertEqual(value(seed(None, 9000, 4000, 30000)), 5000)  # a never reached in 9000: at least 9000
+        self.assertEqual(value(seed(None, 3000, 4000, 30000)), 0)  # a stopped at 3000, b reached at 4000: a tie
+        self.assertEqual(value(seed(5000, 30000, None, 3000)), 0)  # the same, the other way round
+        self.assertEqual(value(seed(None, 3000, None, 30000)), 0)  # neither reached: a tie (not -27000)
+        self.assertIsInstance(value(seed(None, 3000, None, 30000)), claims.AtBudget)
         # another metric's None is still left out, and said so
         tail = claims.difference("mean_wrong_length_tail", "a", "b")
         self.assertIsNone(tail({"a": {"mean_wrong_length_tail": None}, "b": {"mean_wrong_length_tail": 3.0}}))

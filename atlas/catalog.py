@@ -1649,8 +1649,8 @@ def _spurious_rewards():
                   difference("pattern_share_change", clip, free), "greater",
                   note="The test of the clipping-bias explanation: it fails if the noise alone moves the pattern "
                        "as much without the clip."),
-            Claim("Without the clip the pattern does not grow: its share change is below 0 (holds), above 0 (does "
-                  "not hold), or neither (within noise, the outcome of no change)",
+            Claim("Without the clip the pattern's share falls (its change below 0; within noise: neither a fall nor a "
+                  "growth is shown)",
                   lambda runs: _negated(runs[free]["pattern_share_change"]), "greater"),
             Claim("CISPO, which zeroes no token's gradient, grows it less than the clip does",
                   difference("pattern_share_change", clip, cispo), "greater"),
@@ -1749,7 +1749,7 @@ def _reward_hacking():
 # the SFT starts' share of correct demonstrations that subtract (sft.subtraction_demonstrations)
 SUBTRACTION_SHARES = {"absent": 0.0, "rare": 0.03, "common": 0.5}
 DISCOVERY_STEPS = 40  # GRPO iterations: pass@1 on the test prompts moves by about 0.1 in 40 (one measured run)
-NEAR = 0.02  # "does not rise": pass@256 ends at most this above the start (the exact value, so no sampling noise)
+NEAR = 0.02  # "does not rise": pass@256 ends at most this above the start (exact in each run; the seeds still vary)
 MAX_GAINED = 2  # "a subset up to noise": at most this many of the 106 test prompts newly covered
 
 

@@ -65,8 +65,11 @@ class Check(Claim):
 class AtBudget(float):
     """A paired difference in which a run that never reached its target counts at its budget: a float,
     marked so that the verdict says how many seeds rest on a budget. The budget is a lower bound of the
-    value the run would have had, so the difference keeps its sign and never grows in size: a seed
-    where one run never reached the target counts toward the other, and where both never did, as a tie."""
+    value the run would have had; where the two runs' budgets differ (tokens or actions sampled, not
+    iterations), it is raised to the other run's value when below it, so that the difference never takes
+    a sign the runs do not show: a seed where one run never reached the target counts toward the other
+    (or as a tie, when the other reached it only after the first one's budget), and where both never
+    did, as a tie."""
 
 
 # a claim about how often an RL run does something ("reaches 0.9", "no prompt ends stuck") is a rate: it holds
@@ -83,9 +86,11 @@ MOST_RUNS = 0.9
 # A "greater" verdict asks only for its interval, never a share of the seeds above 0 (4 of 5) as well: a share
 # counted without its uncertainty decides a verdict by chance when the effect's true share of positive seeds sits
 # at the threshold (at a true 0.8, "4 of 5" holds on 74% of seed sets, "16 of 20" on 63%, more seeds tend to a
-# half) and more seeds never settle it (on the seeds from 0, 100 and 700, most of the claims whose verdict
-# differed between the sets under such a rule had 0.71-0.85 of their seeds above 0, pooled, against 0.80-0.86
-# asked). The 95% interval of the mean controls its error; the seeds above 0 are shown beside it.
+# half, so they never settle it); on the seeds from 0, 100 and 700, most of the claims whose verdict differed
+# between the sets under such a rule had 0.71-0.85 of their seeds above 0, pooled, against 0.80-0.86 asked
+# (picked because they differed, so near the threshold partly by selection). The 95% interval holds on about
+# 2.5% of seed sets with no effect, and its power grows to 1 with seeds for any real effect; the seeds above 0
+# are shown beside it.
 GREATER_RULE = "interval above 0"
 
 
@@ -167,9 +172,11 @@ def difference(metric, first, second):
     def value(runs):
         a, b = runs[first][metric], runs[second][metric]
         if metric in TARGET_BUDGETS and (a is None or b is None):
+            if a is None and b is None:
+                return AtBudget(0.0)  # neither reached it: their budgets differ, not what they measure
             budget = TARGET_BUDGETS[metric]
-            a = runs[first][budget] if a is None else a
-            b = runs[second][budget] if b is None else b
+            a = max(runs[first][budget], b) if a is None else a  # at least its budget, and later than the other
+            b = max(runs[second][budget], a) if b is None else b
             return AtBudget(a - b)
         return None if a is None or b is None else a - b
     return value
