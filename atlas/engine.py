@@ -378,8 +378,8 @@ def experiment_files(experiment, seeds, jobs, results, folder, command=None):
                      "95% t-interval of the mean is above 0, does not hold when it is below 0, within noise "
                      "otherwise (the seeds above 0 are counted, not asked); within: holds when the interval lies "
                      "inside +-margin, does not hold when it lies wholly outside. A run that never reached a target "
-                     "counts at its budget (its last iteration, or the tokens or actions it sampled): 'at_budget' "
-                     "seeds. kind: 'check' (an identity or a property of the code, whose answer is known) or "
+                     "counts at its budget (its last iteration, or the tokens or actions it sampled; raised to the other "
+                     "run's value when below it, and a tie when neither reached it): 'at_budget' seeds. kind: 'check' (an identity or a property of the code, whose answer is known) or "
                      "'claim' (an RL effect that could come out either way)"),
         "torch": torch.__version__,
     })
