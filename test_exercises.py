@@ -831,17 +831,22 @@ class LearnerFaults(unittest.TestCase):
                 self.assertEqual(stdout, "")
 
     def test_an_exit_inside_an_atom_fails_its_case_and_the_other_atoms_are_graded(self):
-        for statement, shown in (("sys.exit(3)", "called sys.exit(3)"), ("os._exit(0)", "called os._exit(0)")):
-            with self.subTest(statement=statement), mock.patch("os._exit", side_effect=AssertionError("real _exit")):
-                path = self.write("exits.py", k1_file(statement) + SOLVED_BY_THE_LAB.replace("kl_k1, ", ""))
-                code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
-                self.assertEqual((code, stderr), (1, ""))
-                lines = stdout.splitlines()
-                self.assertEqual(len(lines), len(EXERCISES) + 1)
-                self.assertIn(f'kl_k1: failed case 1 of 4 "hand: policy minus reference": input policy_logps=[-1.0, '
-                              f'-2.0], ref_logps=[-2.0, -1.0]; {shown} at {path}:8;', stdout)
-                self.assertEqual(lines[-1], f"{len(EXERCISES) - 1} passed, 1 failed, 0 not started of "
-                                            f"{len(EXERCISES)} exercises")
+        # one file, one grading: kl_k1 calls sys.exit(3), kl_k2 (line 13) os._exit(0); every other atom is graded
+        k2 = ("\n\ndef kl_k2(policy_logps, ref_logps, *, check=True):\n    os._exit(0)\n"
+              "    return 0.5 * (policy_logps - ref_logps.detach()) ** 2\n")
+        with mock.patch("os._exit", side_effect=AssertionError("real _exit")):
+            path = self.write("exits.py", k1_file("sys.exit(3)") + k2 + SOLVED_BY_THE_LAB.replace("kl_k1, kl_k2, ", ""))
+            code, stdout, stderr = run_cli_in_process(exercises.main, ["check", "--file", path])
+        self.assertEqual((code, stderr), (1, ""))
+        lines = stdout.splitlines()
+        self.assertEqual(len(lines), len(EXERCISES) + 1)
+        self.assertIn(f'kl_k1: failed case 1 of 4 "hand: policy minus reference": input policy_logps=[-1.0, '
+                      f'-2.0], ref_logps=[-2.0, -1.0]; called sys.exit(3) at {path}:8;', stdout)
+        k2_line = next(line for line in lines if line.startswith("kl_k2: "))
+        self.assertTrue(k2_line.startswith("kl_k2: failed case 1 of "), k2_line)
+        self.assertIn(f"called os._exit(0) at {path}:13;", k2_line)
+        self.assertEqual(lines[-1], f"{len(EXERCISES) - 2} passed, 2 failed, 0 not started of "
+                                    f"{len(EXERCISES)} exercises")
 
     def test_an_interrupt_inside_an_atom_ends_with_one_line_and_status_130(self):
         # an atom that never returns is stopped by Ctrl-C: the lines so far, the atom's, then run_cli's one line
