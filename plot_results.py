@@ -1297,7 +1297,7 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
         row = summary_rows[name]
         others = tuple((key, str(value)) for key, value in row["label"].items() if key != x_key)
         lines.setdefault(others, []).append(name)
-    xs_all, drawn = [], []
+    xs_all, drawn, labelled = [], [], False
     for members in lines.values():
         points = []
         for name in members:
@@ -1311,6 +1311,7 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
             if never:  # the mean is over the runs that reached the target: say how many did not
                 axis.annotate(f"{int(never)} never", (x, _value(row, f"{metric}_max")), xytext=(0, 4),
                               textcoords="offset points", ha="center", fontsize=7.5, color=styles[name]["color"])
+                labelled = True
             axis.scatter([x] * len(seeds), seeds, s=10, color=styles[name]["color"], alpha=0.45, linewidths=0, zorder=3)
             drawn += seeds
         if not points:
@@ -1328,6 +1329,9 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, linewidth=1.6, **style)
         xs_all += [p[0] for p in points]
     axis.margins(x=0.08)  # room for a "never" count above the last x
+    if labelled:  # and above the highest seed: an annotation takes no part in the autoscaled limits
+        low, high = axis.get_ylim()
+        axis.set_ylim(low, high + 0.08 * (high - low))
     values = sorted(set(xs_all))
     if values and values[0] > 0 and values[-1] / values[0] >= 8:  # 1, 2, 4, 8 or 2, 4, 8, 16: equal steps
         axis.set_xscale("log", base=2)

@@ -780,6 +780,19 @@ class FiguresSayWhatTheyShow(unittest.TestCase):
         self.assertTrue(-0.1 < low < 0 and 1 < high < 1.1, (low, high))
         self.assertEqual([tick for tick in stuck.get_yticks() if low <= tick <= high], [0, 1])
 
+    def test_a_never_reached_count_is_written_inside_its_sweep_panel(self):
+        # updates-per-batch at 8 updates: 13 to 33 of 50 runs never reach 0.9, labelled above their highest seed
+        figure = self.experiment("updates-per-batch")
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        sweep = next(axis for axis in figure.axes if axis.get_title() == "iterations to exact success 0.9")
+        labels = [text for text in sweep.texts if text.get_text().endswith(" never")]
+        self.assertGreaterEqual(len(labels), 3)
+        frame = sweep.get_window_extent(renderer)
+        for label in labels:
+            box = label.get_window_extent(renderer)
+            self.assertLessEqual(box.y1, frame.y1, label.get_text())  # not over the top edge or the title
+
     def test_passk_narrowing_shows_the_sft_start_beside_the_distinct_answers_after_rl(self):
         folder = os.path.join(HERE, "results-experiments", "passk-narrowing")
         runs = csv_rows(os.path.join(folder, "runs.csv"))
