@@ -379,7 +379,8 @@ def experiment_files(experiment, seeds, jobs, results, folder, command=None):
                      "otherwise (the seeds above 0 are counted, not asked); within: holds when the interval lies "
                      "inside +-margin, does not hold when it lies wholly outside. A run that never reached a target "
                      "counts at its budget (its last iteration, or the tokens or actions it sampled; raised to the other "
-                     "run's value when below it, and a tie when neither reached it): 'at_budget' seeds. kind: 'check' (an identity or a property of the code, whose answer is known) or "
+                     "run's value when below it, and a tie when neither reached it): 'at_budget' seeds. kind: "
+                     "'check' (an identity or a property of the code, whose answer is known) or "
                      "'claim' (an RL effect that could come out either way)"),
         "torch": torch.__version__,
     })
