@@ -77,6 +77,20 @@ class ExactIdentities(unittest.TestCase):
         self.assertLess(metrics["token_local_m1"], 1e-12)
         self.assertGreater(metrics["token_local_m2"], 1e-3)  # verl issue 5625: local token counts
         self.assertGreater(metrics["token_local_m4"], 1e-3)
+        self.assertEqual((metrics["token_count_spread_m2"], metrics["token_count_spread_m4"]), (13, 14))
+        self.assertTrue(all(catalog._local_token_mean_holds(metrics, micro) for micro in (2, 4)))
+
+    def test_microbatch_equal_token_counts(self):
+        # seed 1500's two halves hold the same number of tokens: each local token mean is the global one, so
+        # the locally normalized gradient is exact at 2 micro-batches and off at 4 (counts 22 apart)
+        metrics = runners.run_microbatch(1500)["metrics"]
+        self.assertEqual((metrics["token_count_spread_m2"], metrics["token_count_spread_m4"]), (0, 22))
+        self.assertLess(metrics["token_local_m2"], 1e-12)
+        self.assertGreater(metrics["token_local_m4"], 1e-3)
+        self.assertTrue(all(catalog._local_token_mean_holds(metrics, micro) for micro in (2, 4)))
+        # the check fails where the counts differ and the gradients agree, or the counts agree and they differ
+        self.assertFalse(catalog._local_token_mean_holds({**metrics, "token_local_m4": 0.0}, 4))
+        self.assertFalse(catalog._local_token_mean_holds({**metrics, "token_local_m2": 0.01}, 2))
 
     def test_std_scaling_weight_table(self):
         columns, rows = enumeration.std_scaling_table()

@@ -544,6 +544,13 @@ def _sampler_mismatch():
     )
 
 
+def _local_token_mean_holds(runs, micro):
+    """One seed's batch: the locally normalized token mean is off (above 1e-3) where the micro-batches' token
+    counts differ, exact (below 1e-12) where they are equal (then each local mean is the global one)."""
+    error = runs[f"token_local_m{micro}"]
+    return error > 1e-3 if runs[f"token_count_spread_m{micro}"] > 0 else error < 1e-12
+
+
 def _microbatch():
     every = (1, 2, 4)
     return Experiment(
@@ -555,11 +562,13 @@ def _microbatch():
               "gives the same gradient exactly.",
         configurations=[({"batch": "seed"}, "run_microbatch", {})],
         metrics=[f"{reduction}_local_m{micro}" for reduction in REDUCTIONS for micro in every]
-                + [f"token_global_m{micro}" for micro in every] + ["length_spread"],
+                + [f"token_global_m{micro}" for micro in every]
+                + [f"token_count_spread_m{micro}" for micro in every] + ["length_spread"],
         claims=[
             Check("The token mean normalized per micro-batch gives another gradient than the full batch (relative "
-                  "error above 1e-3) at 2 and 4 micro-batches",
-                  lambda runs: all(runs["batch=seed"][f"token_local_m{micro}"] > 1e-3 for micro in (2, 4))),
+                  "error above 1e-3) at 2 and 4 micro-batches wherever their token counts differ, and the same "
+                  "(below 1e-12) wherever they are equal",
+                  lambda runs: all(_local_token_mean_holds(runs["batch=seed"], micro) for micro in (2, 4))),
             Check("The token mean over the global token count, the sequence mean and the constant give the full "
                   "batch's gradient (relative error below 1e-12) at 1, 2 and 4 micro-batches",
                   lambda runs: all(runs["batch=seed"][f"{name}_m{micro}"] < 1e-12 for micro in every

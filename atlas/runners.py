@@ -345,7 +345,8 @@ def run_microbatch(seed):
     """One batch (from a policy moved by a few GRPO steps, so lengths differ), split into M = 1, 2, 4
     micro-batches with gradient accumulation. For each reduction, the accumulated gradient with each
     micro-batch normalized locally (and weighted by its share of the sequences, as verl's
-    loss_scale_factor) or by the global token count, against the full-batch gradient."""
+    loss_scale_factor) or by the global token count, against the full-batch gradient; and the spread
+    (max - min) of the micro-batches' token counts at each M."""
     state = online_tokens.setup(seed=seed, steps=4)
     online_tokens.run(state)  # a few updates: lengths now differ within the batch
     batch = online_tokens.rollout(state)
@@ -375,6 +376,8 @@ def run_microbatch(seed):
             error = (gradient(local) - full).norm().item() / full.norm().item()
             metrics[f"{reduction}_local_m{micro}"] = error
             if reduction == "token":
+                tokens = [mask[part].sum().item() for part in parts]  # equal counts: the local mean is the global
+                metrics[f"token_count_spread_m{micro}"] = max(tokens) - min(tokens)
                 def global_count(per_token, parts=parts):  # each micro-batch's sum over the global token count
                     return sum(torch.where(mask[part] > 0, per_token[part], torch.zeros_like(per_token[part])).sum()
                                / global_tokens for part in parts)
