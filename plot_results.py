@@ -1163,9 +1163,22 @@ def _log_if_positive(axis, values, which="y"):
     return False
 
 
+# a band over the seeds covers their middle 80%: at 50 seeds a min-max band is the two most extreme seeds'
+# and widens with every seed added (the bands of several configurations then merge into one grey area);
+# the 10th to the 90th percentile settles as seeds are added
+BAND_PERCENTILES = (10, 90)
+
+
+def _band(values):
+    """(low, high): the 10th and 90th percentiles of one point's seeds (numpy's linear interpolation between
+    the sorted values; one seed: its value twice)."""
+    low, high = np.percentile(values, BAND_PERCENTILES)
+    return float(low), float(high)
+
+
 def _panel_curves(axis, panel, curves, configurations, styles):
     """Each configuration's mean over seeds against the step (or panel["x"], averaged over seeds at each
-    step), with the seeds' min-max as a band; with two columns, one line style each and no bands."""
+    step), with the seeds' middle 80% as a band; with two columns, one line style each and no bands."""
     columns, x_column = panel["columns"], panel.get("x", "step")
     drawn = []
     for column_index, column in enumerate(columns):
@@ -1192,8 +1205,8 @@ def _panel_curves(axis, panel, curves, configurations, styles):
                              [y for step in steps for _, y in points[step]], s=5, color=style["color"], alpha=0.3,
                              linewidths=0)
             elif len(columns) == 1:  # with two columns (solid and dashed) the bands would hide the lines
-                axis.fill_between(xs, [min(values) for values in ys], [max(values) for values in ys],
-                                  color=style["color"], alpha=0.13, linewidth=0)
+                lows, highs = zip(*(_band(values) for values in ys))
+                axis.fill_between(xs, lows, highs, color=style["color"], alpha=0.13, linewidth=0)
             axis.plot(xs, [sum(values) / len(values) for values in ys], linewidth=1.6, **style)
             drawn += [value for values in ys for value in values]
     if panel.get("log"):
@@ -1290,7 +1303,7 @@ def _compact(value):
 
 def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, families):
     """The metric against a numeric label (panel["x"]): one line per colour group (the configurations that
-    share every other label value), the mean over seeds with the seeds' min-max as a band, every seed a dot."""
+    share every other label value), the mean over seeds with the seeds' middle 80% as a band, every seed a dot."""
     x_key, metric = panel["x"], panel["metric"]
     lines = collections.OrderedDict()
     for name in configurations:
@@ -1306,7 +1319,8 @@ def _panel_sweep(axis, panel, summary_rows, runs, configurations, styles, famili
             if x is None or mean is None:
                 continue
             seeds = _per_seed(runs, name, metric)
-            points.append((x, mean, _value(row, f"{metric}_min"), _value(row, f"{metric}_max"), seeds))
+            band = _band(seeds) if seeds else (_value(row, f"{metric}_min"), _value(row, f"{metric}_max"))
+            points.append((x, mean, *band))
             never = _value(row, f"{metric}_never")
             if never:  # the mean is over the runs that reached the target: say how many did not
                 axis.annotate(f"{int(never)} never", (x, _value(row, f"{metric}_max")), xytext=(0, 4),
@@ -1474,7 +1488,7 @@ def experiment_figure(settings, summary, curves, runs=(), where="experiment"):
     """The figure of one experiment from its parsed files: settings["figure"]["panels"], each one of
 
         {"kind": "curves", "columns": [c], "x": "step", "where": {label: value}, "max_step": n, "log": bool}
-            each configuration's mean over seeds per iteration, the seeds' min-max as a band (none with two columns);
+            each configuration's mean over seeds per iteration, the seeds' middle 80% as a band (none with two columns);
         {"kind": "values", "metrics": [m, ...], "where": {...}}
             every seed's value, the mean and the min-max per configuration (and per metric);
         {"kind": "sweep", "x": label key, "metric": m, "where": {...}}
@@ -1534,11 +1548,11 @@ def statistics_key(settings, panels):
     parts = []
     if "curves" in kinds:
         shared = " (none where solid and dashed lines share a panel)" if two_columns else ""
-        parts.append(f"curves: line = mean over the seeds, band = min-max{shared}")
+        parts.append(f"curves: line = mean over the seeds, band = their middle 80%{shared}")
     if "values" in kinds:
         parts.append("strips: dot = one seed, bar = mean (written under it), whisker = min-max")
     if "sweep" in kinds:
-        parts.append("sweeps: line = mean, band = min-max, dot = one seed")
+        parts.append("sweeps: line = mean, band = middle 80%, dot = one seed")
     if "claim" in kinds:
         parts.append("claim: dot = one seed's value, red = mean and 95% interval")
     return f"{seed_text}. " + "; ".join(parts)

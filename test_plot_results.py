@@ -760,7 +760,7 @@ class FiguresSayWhatTheyShow(unittest.TestCase):
                 self.assertRegex(key, r"^\d+ seeds \(\d+-\d+\)\. ")
                 with open(os.path.join(HERE, "results-experiments", name, "settings.json"), encoding="utf-8") as handle:
                     kinds = {panel["kind"] for panel in plot_results._panels_of(json.load(handle))}
-                for kind, words in (("curves", "band = min-max"), ("values", "whisker = min-max"),
+                for kind, words in (("curves", "band = their middle 80%"), ("values", "whisker = min-max"),
                                     ("sweep", "sweeps: line = mean"), ("claim", "95% interval")):
                     self.assertEqual(words in key, kind in kinds, (kind, key))
                 self.assertLessEqual(figure.get_suptitle().count("\n"), 1)  # at most two lines
@@ -779,6 +779,33 @@ class FiguresSayWhatTheyShow(unittest.TestCase):
         low, high = stuck.get_ylim()  # 0 and 1 stuck prompts: the axis ends just past them, not at 1.2
         self.assertTrue(-0.1 < low < 0 and 1 < high < 1.1, (low, high))
         self.assertEqual([tick for tick in stuck.get_yticks() if low <= tick <= high], [0, 1])
+
+    def test_a_band_covers_the_middle_80_percent_of_the_seeds(self):
+        # by hand: 11 values 0..10 -> the 10th and 90th percentiles 1 and 9; 5 values -> 0.4 of the way from the
+        # lowest to the next (1.4) and from the highest down (4.6); one seed -> its value
+        self.assertEqual(plot_results._band(list(range(11))), (1.0, 9.0))
+        low, high = plot_results._band([5.0, 1.0, 3.0, 2.0, 4.0])
+        self.assertAlmostEqual(low, 1.4, places=12)
+        self.assertAlmostEqual(high, 4.6, places=12)
+        self.assertEqual(plot_results._band([0.25]), (0.25, 0.25))
+        # the committed std-scaling figure (55 seeds): the group-std run's band of hard-prompt success at iteration 10
+        # is its seeds' 10th to 90th percentile there, inside their min-max
+        folder = os.path.join(HERE, "results-experiments", "std-scaling")
+        at_10 = [float(row["hard_success"]) for row in csv_rows(os.path.join(folder, "curves.csv"))
+                 if row["configuration"] == "scale_rewards=group beta=0.02" and row["step"] == "10"]
+        self.assertEqual(len(at_10), 55)
+        axis = self.experiment("std-scaling").axes[0]
+        line = axis.get_lines()[0]  # the first configuration's mean: the group std's, as its value says
+        self.assertAlmostEqual(line.get_ydata()[list(line.get_xdata()).index(10)], sum(at_10) / 55, places=9)
+        band = axis.collections[0]
+        self.assertEqual(tuple(band.get_facecolor()[0][:3]), plot_results.to_rgb(line.get_color()))
+        edge = band.get_paths()[0].vertices
+        ys = sorted(y for x, y in edge if abs(x - 10) < 1e-9)
+        expected = plot_results.np.percentile(at_10, [10, 90])
+        self.assertAlmostEqual(ys[0], expected[0], places=9)
+        self.assertAlmostEqual(ys[-1], expected[1], places=9)
+        self.assertGreater(ys[0], min(at_10))
+        self.assertLess(ys[-1], max(at_10))
 
     def test_a_never_reached_count_is_written_inside_its_sweep_panel(self):
         # updates-per-batch at 8 updates: 13 to 33 of 50 runs never reach 0.9, labelled above their highest seed
