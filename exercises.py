@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import operator
 import os
 import sys
 import traceback
@@ -293,22 +294,22 @@ LIBRARY_NAMESPACES = {"torch": torch, "torch.nn.functional": torch.nn.functional
                       "math": math}
 
 
-_IN_THE_LAB = {}  # absolute module file -> whether it is in this folder: torch alone loads a thousand modules
-
-
-def _in_the_lab(path):
-    inside = _IN_THE_LAB.get(path)
-    if inside is None:
-        inside = os.path.dirname(os.path.abspath(path)) == HERE
-        if os.path.isabs(path):  # a relative one follows the current folder, which may change
-            _IN_THE_LAB[path] = inside
-    return inside
+_CLASSIFIED = {}  # module name -> (the module, whether its file is in this folder): torch alone loads a thousand
 
 
 def _lab_modules():
     """{name: module} of the lab's modules loaded so far: every module whose file is in this folder."""
-    return {name: module for name, module in list(sys.modules.items())
-            if _in_the_lab(getattr(module, "__file__", None) or os.sep)}
+    found = {}
+    for name, module in list(sys.modules.items()):
+        known = _CLASSIFIED.get(name)
+        if known is None or known[0] is not module:
+            path = getattr(module, "__file__", None) or os.sep
+            known = module, os.path.dirname(os.path.abspath(path)) == HERE
+            if os.path.isabs(path):  # a relative one follows the current folder, which may change
+                _CLASSIFIED[name] = known
+        if known[1]:
+            found[name] = module
+    return found
 
 
 def _snapshot():
@@ -329,6 +330,12 @@ def _same(before, after):
     return before == after
 
 
+def _identical(now, before):
+    """Whether two dicts hold the same keys in the same order, each bound to the same object: the common
+    case, checked at C speed before the slow comparison that says what changed."""
+    return list(now) == list(before) and all(map(operator.is_, now.values(), before.values()))
+
+
 def _put_back(snapshot):
     """Restore what changed since `snapshot` was taken; return [what changed, in words]. The settings
     first: torch's own setters rebind names (set_default_dtype rebinds torch.Storage)."""
@@ -340,16 +347,19 @@ def _put_back(snapshot):
             put(before)
     for name, (namespace, names, registries) in namespaces.items():
         now = dict(vars(namespace))
-        for key, value in names.items():
-            if key not in now or now[key] is not value:
-                changed.append(f"{name}.{key}")
-                setattr(namespace, key, value)
-        for key, value in now.items():  # a name added; an imported submodule is no change
-            if key not in names and not isinstance(value, types.ModuleType):
-                changed.append(f"{name}.{key}")
-                delattr(namespace, key)
+        if not _identical(now, names):
+            for key, value in names.items():
+                if key not in now or now[key] is not value:
+                    changed.append(f"{name}.{key}")
+                    setattr(namespace, key, value)
+            for key, value in now.items():  # a name added; an imported submodule is no change
+                if key not in names and not isinstance(value, types.ModuleType):
+                    changed.append(f"{name}.{key}")
+                    delattr(namespace, key)
         for key, items in registries.items():
             registry = names[key]
+            if _identical(registry, items):
+                continue
             if registry.keys() != items.keys() or any(registry[entry] is not item for entry, item in items.items()):
                 changed.append(f"{name}.{key}")
                 registry.clear()
