@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 from typing import NamedTuple
@@ -157,6 +158,32 @@ class SplitPrompts:
         return members[positions]
 
 
+@functools.lru_cache(maxsize=8)
+def _enumerate(largest_number, numbers_per_prompt, operators):
+    """(sets, expressions, prompts), tuples: per number set its numbers and its expressions (token bodies) sorted
+    by value, and per global prompt index a Prompt. Every legal expression of every number set is enumerated;
+    each reachable target >= 1 is a prompt. Computed once per setting in a process (the tasks share it, read only)."""
+    sets, expressions, prompts = [], [], []
+    for set_index, numbers in enumerate(itertools.combinations(range(1, largest_number + 1), numbers_per_prompt)):
+        found = []  # (value, body tokens) in enumeration order: fewer numbers first
+        for count in range(2, len(numbers) + 1):
+            for chosen in itertools.permutations(numbers, count):
+                for ops in itertools.product(operators, repeat=count - 1):
+                    body = [chosen[0]]  # digit d has token id d
+                    for op, number in zip(ops, chosen[1:]):
+                        body += [10 + operators.index(op), number]
+                    found.append((_evaluate(chosen, ops), tuple(body)))
+        found.sort(key=lambda pair: pair[0])  # stable: enumeration order within a value
+        values = [value for value, _ in found]
+        sets.append(numbers)
+        expressions.append(tuple(body for _, body in found))
+        for target in sorted(set(value for value in values if value >= 1)):
+            first, end = bisect.bisect_left(values, target), bisect.bisect_right(values, target)
+            difficulty = min(len(body) for _, body in found[first:end]) // 2 + 1  # numbers used
+            prompts.append(Prompt(set_index, target, first, end, difficulty))
+    return tuple(sets), tuple(expressions), tuple(prompts)
+
+
 class CountdownTask(SplitPrompts):
     """The Countdown task behind the lab's task interface (see the module docstring for the format).
 
@@ -185,27 +212,9 @@ class CountdownTask(SplitPrompts):
     # -- the prompts and the split ------------------------------------------------------------
 
     def _build_prompts(self):
-        """Enumerate every legal expression of every number set; each reachable target >= 1 is a prompt."""
-        self._sets, self._expressions = [], []  # per number set: its numbers, its expressions sorted by value
-        self._prompts = []  # per global prompt index: a Prompt
-        numbers_range = range(1, self.config.largest_number + 1)
-        for set_index, numbers in enumerate(itertools.combinations(numbers_range, self.config.numbers_per_prompt)):
-            found = []  # (value, body tokens) in enumeration order: fewer numbers first
-            for count in range(2, len(numbers) + 1):
-                for chosen in itertools.permutations(numbers, count):
-                    for ops in itertools.product(self.operators, repeat=count - 1):
-                        body = [chosen[0]]  # digit d has token id d
-                        for op, number in zip(ops, chosen[1:]):
-                            body += [10 + self.operators.index(op), number]
-                        found.append((_evaluate(chosen, ops), tuple(body)))
-            found.sort(key=lambda pair: pair[0])  # stable: enumeration order within a value
-            values = [value for value, _ in found]
-            self._sets.append(numbers)
-            self._expressions.append(tuple(body for _, body in found))
-            for target in sorted(set(value for value in values if value >= 1)):
-                first, end = bisect.bisect_left(values, target), bisect.bisect_right(values, target)
-                difficulty = min(len(body) for _, body in found[first:end]) // 2 + 1  # numbers used
-                self._prompts.append(Prompt(set_index, target, first, end, difficulty))
+        """Every legal expression of every number set; each reachable target >= 1 is a prompt (`_enumerate`)."""
+        self._sets, self._expressions, self._prompts = _enumerate(
+            self.config.largest_number, self.config.numbers_per_prompt, self.operators)
 
     def _build_split(self):
         """Hold out round(test_fraction * n_d) prompts (half to even) of each difficulty d, chosen by a permutation of a
