@@ -718,7 +718,9 @@ R1_ZERO_QUICK = engine.at_quick_size(catalog.experiments()["r1-zero"]).configura
 class R1Zero(unittest.TestCase):
     def test_r1_zero_measures_what_a_slow_count_of_its_samples_gives(self):
         quick = R1_ZERO_QUICK
-        result = shared_calls([("atlas.runners", "run_r1_zero", (0,), quick)])[0]  # prefetched
+        # the quick atlas's run of this arm (seed 0), as its engine ran it (prefetched)
+        self.assertEqual(quick_table()["r1-zero"].configurations[0][2], quick)
+        result = shared_calls([("test_experiments", "quick_atlas_run", (), {})])[0][2]
         metrics, curve = result["metrics"], result["curve"]
         self.assertEqual([point["step"] for point in curve], [0, 1, 2])
         for name in ("accuracy", "length", "partial_share"):
@@ -766,10 +768,11 @@ def quick_table():
 
 
 def quick_atlas_run():
-    """(seen, folders): the quick experiments run as the program runs them (two workers); seen: {name: (seeds,
-    {path: text} of its files, (titled panels, legends, title) of the figure they draw)}; folders: the SFT
-    cache folders of their starts."""
-    table, seen = quick_table(), {}
+    """(seen, folders, r1-zero's first run): the quick experiments run as the program runs them (two workers);
+    seen: {name: (seeds, {path: text} of its files, (titled panels, legends, title) of the figure they draw)};
+    folders: the SFT cache folders of their starts; the result of r1-zero's first configuration at seed 0, as
+    the runner returned it."""
+    table, seen, first = quick_table(), {}, {}
 
     def finished(name, experiment, seeds, jobs, results):
         # here, while the workers run the next experiments: the files, and the figure they draw (built, not
@@ -783,9 +786,11 @@ def quick_atlas_run():
         facts = (len(shown), len(figure.legends), figure.get_suptitle())
         plot_results.plt.close(figure)
         seen[name] = (seeds, files, facts)
+        if name == "r1-zero":
+            first["r1-zero"] = results[0]  # jobs are configuration-major: the first configuration, the first seed
 
     engine.run_experiments(list(table), 1, 2, finished, report=lambda line: None, table=table)  # two workers
-    return seen, engine.sft_folders(table.values(), 1)
+    return seen, engine.sft_folders(table.values(), 1), first["r1-zero"]
 
 
 def committed_atlas_files():
@@ -1277,7 +1282,7 @@ class WorkersRunEveryRunnerAtQuickSize(unittest.TestCase):
                          [("0.0", 20), ("0.03", 20), ("0.5", 20), ("None", 20), ("None", 150)])
         self.assertEqual([start["config"]["seed"] for start in engine.sft_starts([table["padding-bug"]], 3, 100)],
                          [100, 101, 102])
-        seen, folders = shared_calls([("test_experiments", "quick_atlas_run", (), {})])[0]
+        seen, folders, _ = shared_calls([("test_experiments", "quick_atlas_run", (), {})])[0]
         self.assertEqual(sorted(seen), sorted(table))
         self.assertEqual(folders, engine.sft_folders(table.values(), 1))
         for folder in folders:  # each start trained once, cached for the runs
@@ -1295,9 +1300,8 @@ class WorkersRunEveryRunnerAtQuickSize(unittest.TestCase):
 
 
 # the slowest tests' work, computed beside the tests before them, in the order the tests need it: the committed
-# atlas recomputed from its runs, r1-zero's quick run, the quick atlas (with two workers of its own)
+# atlas recomputed from its runs, the quick atlas (with two workers of its own)
 prefetch([("test_experiments", "committed_atlas_files", (), {})])
-prefetch([("atlas.runners", "run_r1_zero", (0,), R1_ZERO_QUICK)])
 prefetch([("test_experiments", "quick_atlas_run", (), {})])
 
 
